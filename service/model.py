@@ -1,0 +1,69 @@
+"""A seed-batched model: a stack of units built from a `RunConfig`."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from service.config import RunConfig
+from service.units.base import ForwardContext, Unit
+from service.units.registry import build_unit
+
+
+class BatchedModel(nn.Module):
+    """Units applied in order; every method returns per-seed values ``[S]``."""
+
+    def __init__(self, units: Sequence[Unit]) -> None:
+        super().__init__()
+        self.units = nn.ModuleList(units)
+        self.num_seeds = units[0].num_seeds
+
+    def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:
+        for unit in self.units:
+            x = unit(x, ctx)
+        return x
+
+    def regularizer(self) -> Tensor:
+        """Σ over layers of each layer's (mean) sparsity regulariser."""
+        return torch.stack([u.regularizer() for u in self.units]).sum(0)
+
+    def oob_penalty(self) -> Tensor:
+        return torch.stack([u.oob_penalty() for u in self.units]).sum(0)
+
+    def sparsity_error(self) -> Tensor:
+        return torch.stack([u.sparsity_error() for u in self.units]).amax(0)
+
+    def clamp_(self) -> None:
+        for unit in self.units:
+            unit.clamp_()
+
+    def reset_parameters(self, generators: Sequence[torch.Generator],
+                         seeds: Sequence[int] | None = None) -> None:
+        """Re-draw the parameters of batch positions ``seeds`` (all by default); layer by
+        layer from each seed's own generator, so a seed's draw ignores its batch mates."""
+        for unit in self.units:
+            unit.reset_parameters(generators, seeds)
+
+    def weight_matrices(self) -> dict[str, Tensor]:
+        """Every layer's effective weights ``[S, out, in]``, keyed ``layer{i}.{name}``."""
+        out: dict[str, Tensor] = {}
+        for i, unit in enumerate(self.units):
+            for name, w in unit.weight_matrices().items():
+                out[f"layer{i}.{unit.name}.{name}"] = w
+        return out
+
+
+def build_model(config: RunConfig, num_seeds: int | None = None) -> BatchedModel:
+    """Layers from the config (or the task's reference model), widths chained through
+    ``model.hidden_size``; parameters are zero until `reset_parameters`."""
+    layers = config.layers()
+    task = config.task
+    num_seeds = config.seeds if num_seeds is None else num_seeds
+    widths = [task.input_size] + [config.model.hidden_size] * (len(layers) - 1) + [task.output_size]
+    units = [
+        build_unit(layer.unit, widths[i], widths[i + 1], num_seeds, layer.options, layer.init)
+        for i, layer in enumerate(layers)
+    ]
+    return BatchedModel(units)

@@ -1,0 +1,91 @@
+"""Sampling ranges: U[lo, hi] or a union of intervals such as U[-6,-2] ∪ U[2,6]."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, model_validator
+
+_INTERVAL = re.compile(r"U?\[\s*([-+0-9.eE]+)\s*,\s*([-+0-9.eE]+)\s*\]")
+
+
+class Range(BaseModel):
+    """A union of disjoint intervals ``[(lo, hi), ...]``, sampled uniformly by length.
+
+    Accepts ``"U[1,2]"``, ``"U[-6,-2] ∪ U[2,6]"`` (also ``u`` or ``|`` between), ``[1, 2]``
+    or ``[[-6, -2], [2, 6]]``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+    intervals: tuple[tuple[float, float], ...]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, value: Any) -> Any:
+        if isinstance(value, Range):
+            return {"intervals": value.intervals}
+        if isinstance(value, dict):
+            return value
+        if isinstance(value, str):
+            found = _INTERVAL.findall(value)
+            rest = _INTERVAL.sub("", value).replace("∪", "").replace("|", "").replace("u", "")
+            if not found or rest.strip():
+                raise ValueError(f"cannot read range {value!r}; write e.g. 'U[1,2]' or 'U[-6,-2] ∪ U[2,6]'")
+            return {"intervals": tuple((float(a), float(b)) for a, b in found)}
+        if isinstance(value, (list, tuple)):
+            if len(value) == 2 and all(isinstance(v, (int, float)) for v in value):
+                return {"intervals": ((float(value[0]), float(value[1])),)}
+            return {"intervals": tuple(tuple(map(float, iv)) for iv in value)}
+        raise ValueError(f"cannot read range {value!r}")
+
+    @model_validator(mode="after")
+    def _check(self) -> "Range":
+        if not self.intervals:
+            raise ValueError("a range needs at least one interval")
+        for lo, hi in self.intervals:
+            if not lo < hi:
+                raise ValueError(f"empty interval [{lo}, {hi}]: the lower end must be below the upper")
+        ordered = sorted(self.intervals)
+        for (_, h1), (l2, _) in zip(ordered, ordered[1:]):
+            if l2 < h1:
+                raise ValueError(f"intervals of {self} overlap")
+        return self
+
+    def __str__(self) -> str:
+        return " ∪ ".join(f"U[{lo:g},{hi:g}]" for lo, hi in self.intervals)
+
+    @property
+    def low(self) -> float:
+        return min(lo for lo, _ in self.intervals)
+
+    @property
+    def high(self) -> float:
+        return max(hi for _, hi in self.intervals)
+
+    def contains_zero(self) -> bool:
+        """True if 0 lies in (the closure of) any interval."""
+        return any(lo <= 0.0 <= hi for lo, hi in self.intervals)
+
+    def has_negative(self) -> bool:
+        return self.low < 0.0
+
+    def from_uniform(self, u: torch.Tensor) -> torch.Tensor:
+        """Map U[0,1) numbers onto the range, keeping each interval's share of the length."""
+        if len(self.intervals) == 1:
+            lo, hi = self.intervals[0]
+            return u * (hi - lo) + lo
+        lengths = [hi - lo for lo, hi in self.intervals]
+        s = u * sum(lengths)
+        out = s + self.intervals[0][0]
+        offset = lengths[0]
+        for (lo, _), length in zip(self.intervals[1:], lengths[1:]):
+            out = torch.where(s >= offset, s - offset + lo, out)
+            offset += length
+        return out
+
+    def sample(self, shape: tuple[int, ...], generator: torch.Generator,
+               dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Draw i.i.d. samples with a torch generator (evaluation sets, simulations)."""
+        return self.from_uniform(torch.rand(shape, generator=generator, dtype=dtype))

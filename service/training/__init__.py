@@ -1,0 +1,5 @@
+"""Seed-batched training: one computation trains every seed of a configuration."""
+
+from service.training.trainer import EvalReport, Trainer, train
+
+__all__ = ["EvalReport", "Trainer", "train"]

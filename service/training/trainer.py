@@ -1,0 +1,272 @@
+"""The seed-batched trainer.
+
+One step draws each seed's own batch (counter-based, per-seed keys), runs one
+forward/backward for all S seeds and updates them; per-seed concerns (gradient-norm
+clipping, divergence, re-initialisation) are masks over the seed dimension, so no Python
+runs per seed per step. The host only synchronises at evaluation steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from service import rng
+from service.config import RunConfig
+from service.metrics import EvalHistory, aggregate, per_seed_metrics
+from service.model import BatchedModel, build_model
+from service.seeding import generator_for, stream_keys
+from service.training.optimizers import BatchedOptimizer
+from service.training.result import RunResult
+from service.units.base import ForwardContext
+
+_EVAL_ELEMENTS = 1 << 22  # per evaluation chunk: seeds × samples × widest layer input
+
+
+@dataclass
+class EvalReport:
+    """What the trainer tells a listener at each evaluation (progress bars, Ray Tune)."""
+
+    step: int
+    total_steps: int
+    interpolation_mse: np.ndarray  # [S]
+    extrapolation_mse: dict[str, np.ndarray]  # name -> [S]
+    diverged: np.ndarray  # [S] bool
+    history: EvalHistory
+    elapsed_s: float
+    extra: dict = field(default_factory=dict)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was asked for, but torch sees no CUDA device; use --device cpu or auto")
+    return torch.device(name)
+
+
+class Trainer:
+    """Trains ``config.seeds`` seeds of one configuration as one batched computation."""
+
+    def __init__(self, config: RunConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.task = config.task
+        self.seed_ids = config.seed_ids
+        self.num_seeds = len(self.seed_ids)
+        self.schedule = config.regularizer()
+        t = config.train
+
+        self.model: BatchedModel = build_model(config).to(self.device)
+        self.init_generators = [generator_for(config.master_seed, "init", s) for s in self.seed_ids]
+        self.reinit_counts = [0] * self.num_seeds
+        self._reset_positions(list(range(self.num_seeds)))
+        self.model.clamp_()
+        self.params = [p for p in self.model.parameters()]
+        self.optimizer = BatchedOptimizer(self.params, t.optimizer)
+
+        self.data_keys = stream_keys(config.master_seed, "data", self.seed_ids).to(self.device)
+        self.noise_keys = stream_keys(config.master_seed, "noise", self.seed_ids).to(self.device)
+        self.step_t = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.alive = torch.ones(self.num_seeds, dtype=torch.bool, device=self.device)
+        self.diverged_at = torch.full((self.num_seeds,), -1, dtype=torch.int64, device=self.device)
+        self.best_loss = torch.full((self.num_seeds,), float("inf"), device=self.device)
+        self.last_improved = torch.zeros(self.num_seeds, dtype=torch.int64, device=self.device)
+        self.step = 0
+
+        self.eval_sets = {
+            name: (x.to(self.device), y.to(self.device))
+            for name, (x, y) in self.task.evaluation_sets().items()
+        }
+        self.thresholds = self.task.success_thresholds()
+        self.extrapolation_names = list(self.task.extrapolation)
+        self._steps: list[int] = []
+        self._interp: list[Tensor] = []
+        self._extrap: dict[str, list[Tensor]] = {n: [] for n in self.extrapolation_names}
+
+        use_compile = config.compile == "on" or (
+            config.compile == "auto" and self._compile_pays_off()
+        )
+        self._loss = torch.compile(self._loss_eager, dynamic=False) if use_compile else self._loss_eager
+        self._update = torch.compile(self._update_eager, dynamic=False) if use_compile else self._update_eager
+        self.compiled = use_compile
+
+    def _compile_pays_off(self) -> bool:
+        """Compiling costs tens of seconds once; it pays off on long, wide runs and on GPUs."""
+        work = self.config.train.steps * self.num_seeds
+        return self.device.type == "cuda" or work >= 20_000_000
+
+    def _reset_positions(self, positions: list[int]) -> None:
+        gens = []
+        for k in range(self.num_seeds):
+            gens.append(self.init_generators[k] if self.reinit_counts[k] == 0 else
+                        generator_for(self.config.master_seed, "reinit", self.seed_ids[k], self.reinit_counts[k]))
+        self.model.reset_parameters(gens, positions)
+
+    # -- the step ---------------------------------------------------------------------------
+    def _batch(self, step: Tensor) -> tuple[Tensor, Tensor]:
+        t = self.config.train
+        shape = (t.batch_size, self.task.input_size)
+        if t.shared_batch:
+            u = rng.uniform(self.data_keys[:1], step, shape).expand(self.num_seeds, *shape)
+        else:
+            u = rng.uniform(self.data_keys, step, shape)
+        x = self.task.interpolation.from_uniform(u)
+        return x, self.task.target(x)
+
+    def _loss_eager(self, step: Tensor) -> tuple[Tensor, Tensor]:
+        """(Σ_seeds total loss, per-seed task loss ``[S]``) for the batch of ``step``."""
+        x, target = self._batch(step)
+        ctx = ForwardContext(step=step, noise_keys=self.noise_keys)
+        y = self.model(x, ctx)
+        if self.config.train.loss == "mse":
+            task_loss = (y - target).square().mean((1, 2))
+        else:
+            task_loss = torch.nn.functional.smooth_l1_loss(y, target, reduction="none").mean((1, 2))
+        total = task_loss + self.schedule.value(step) * self.model.regularizer()
+        if self.schedule.oob > 0:
+            total = total + self.schedule.oob * self.model.oob_penalty()
+        return total.sum(), task_loss.detach()
+
+    def _update_eager(self, step: Tensor, task_loss: Tensor, grads: list[Tensor]) -> None:
+        """Per-seed clipping, divergence masking, the optimiser step and clamping."""
+        clip = self.config.train.clip
+        finite = torch.isfinite(task_loss)
+        newly = self.alive & ~finite
+        self.diverged_at.copy_(torch.where(newly, step, self.diverged_at))
+        self.alive.logical_and_(finite)
+        if clip.mode == "value":
+            grads = [g.clamp(-clip.max, clip.max) for g in grads]
+        elif clip.mode == "norm":
+            sq = torch.stack([g.square().flatten(1).sum(1) for g in grads]).sum(0)
+            scale = (clip.max / (sq.sqrt() + 1e-6)).clamp(max=1.0)
+            grads = [g * scale.view(-1, *([1] * (g.dim() - 1))) for g in grads]
+        grads = [
+            torch.where(self.alive.view(-1, *([1] * (g.dim() - 1))) & torch.isfinite(g), g, 0.0)
+            for g in grads
+        ]
+        self.optimizer.step(grads)
+        self.model.clamp_()
+        if self.config.train.reinit.enabled:
+            improved = task_loss < self.best_loss
+            self.best_loss.copy_(torch.where(improved, task_loss, self.best_loss))
+            self.last_improved.copy_(torch.where(improved, step, self.last_improved))
+
+    def train_step(self) -> None:
+        self.step_t.fill_(self.step)
+        total, task_loss = self._loss(self.step_t)
+        grads = torch.autograd.grad(total, self.params)
+        self._update(self.step_t, task_loss, list(grads))
+        self.step += 1
+
+    # -- evaluation and re-initialisation ----------------------------------------------------
+    @torch.no_grad()
+    def _mse(self, x: Tensor, y: Tensor) -> Tensor:
+        """Per-seed MSE ``[S]`` of the model on a shared evaluation set, chunked."""
+        was_training = self.model.training
+        self.model.eval()
+        n = x.shape[0]
+        width = max(self.task.input_size, self.config.model.hidden_size) * max(1, self.task.output_size)
+        chunk = max(1, min(n, _EVAL_ELEMENTS // max(1, self.num_seeds * width)))
+        total = torch.zeros(self.num_seeds, dtype=torch.float64, device=self.device)
+        ctx = ForwardContext(step=self.step_t, noise_keys=self.noise_keys)
+        for i in range(0, n, chunk):
+            xb = x[i:i + chunk].expand(self.num_seeds, -1, -1)
+            err = (self.model(xb, ctx) - y[i:i + chunk]).double().square()
+            total += err.sum((1, 2))
+        self.model.train(was_training)
+        return total / (n * y.shape[1])
+
+    def evaluate(self) -> None:
+        self._steps.append(self.step)
+        for name, (x, y) in self.eval_sets.items():
+            mse = self._mse(x, y)
+            if name == "interpolation":
+                self._interp.append(mse)
+            else:
+                self._extrap[name].append(mse)
+
+    def history(self) -> EvalHistory:
+        return EvalHistory(
+            steps=np.asarray(self._steps, dtype=np.int64),
+            interpolation_mse=torch.stack(self._interp).cpu().numpy(),
+            extrapolation_mse={n: torch.stack(v).cpu().numpy() for n, v in self._extrap.items()},
+        )
+
+    def _diverged(self) -> Tensor:
+        params_ok = torch.stack([torch.isfinite(p).flatten(1).all(1) for p in self.params]).all(0)
+        newly = self.alive & ~params_ok
+        self.diverged_at.copy_(torch.where(newly, torch.tensor(self.step, device=self.device), self.diverged_at))
+        self.alive.logical_and_(params_ok)
+        return ~self.alive
+
+    def maybe_reinitialise(self) -> None:
+        r = self.config.train.reinit
+        if not r.enabled or self.step == 0 or self.step % r.every:
+            return
+        stuck = self.alive & (self.step - self.last_improved >= r.patience) & (self.best_loss > r.threshold)
+        positions = torch.nonzero(stuck).flatten().tolist()
+        if not positions:
+            return
+        for k in positions:
+            self.reinit_counts[k] += 1
+        with torch.no_grad():
+            self._reset_positions(positions)
+            self.model.clamp_()
+        self.optimizer.reset_seeds(stuck)
+        self.best_loss[stuck] = float("inf")
+        self.last_improved[stuck] = self.step
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self, on_eval: Callable[[EvalReport], None] | None = None) -> RunResult:
+        t = self.config.train
+        started = time.perf_counter()
+        self.model.train()
+        while True:
+            if self.step % t.eval_every == 0 or self.step == t.steps:
+                self.evaluate()
+                diverged = self._diverged()
+                if on_eval is not None:
+                    history = self.history()
+                    on_eval(EvalReport(
+                        step=self.step, total_steps=t.steps,
+                        interpolation_mse=history.interpolation_mse[-1],
+                        extrapolation_mse={n: v[-1] for n, v in history.extrapolation_mse.items()},
+                        diverged=diverged.cpu().numpy(), history=history,
+                        elapsed_s=time.perf_counter() - started,
+                    ))
+            if self.step >= t.steps:
+                break
+            self.maybe_reinitialise()
+            self.train_step()
+        return self.result(time.perf_counter() - started)
+
+    def result(self, elapsed_s: float) -> RunResult:
+        history = self.history()
+        diverged = self._diverged().cpu().numpy()
+        diverged_at = [int(v) if v >= 0 else None for v in self.diverged_at.cpu().tolist()]
+        sparsity = self.model.sparsity_error().detach().cpu().numpy()
+        seeds = per_seed_metrics(history, self.thresholds, sparsity, diverged, diverged_at, self.seed_ids)
+        weights = {k: w.detach().cpu().numpy() for k, w in self.model.weight_matrices().items()}
+        return RunResult(
+            config=self.config,
+            thresholds=self.thresholds,
+            seeds=seeds,
+            aggregate=aggregate(seeds),
+            history=history,
+            weights=weights,
+            reinitialisations=list(self.reinit_counts),
+            elapsed_s=elapsed_s,
+            device=str(self.device),
+            compiled=self.compiled,
+        )
+
+
+def train(config: RunConfig, on_eval: Callable[[EvalReport], None] | None = None) -> RunResult:
+    """Train every seed of ``config``; ``on_eval`` is called at each evaluation step."""
+    return Trainer(config).run(on_eval)

@@ -1,0 +1,133 @@
+"""The `Unit` interface: one seed-batched layer of a neural arithmetic model.
+
+Every parameter carries the seed dimension first (``[S, out, in]``) and the forward maps
+``x [S, B, in] -> z [S, B, out]``, so one forward/backward trains S independent seeds.
+Nothing in a unit mixes seeds: reductions are over the trailing dimensions only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, ClassVar, Literal, Sequence
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import Tensor, nn
+
+from service.units.init import InitSpec, parse_init
+
+
+class UnitOptions(BaseModel):
+    """Unit-specific options; each unit subclasses this with its own validated fields."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+@dataclass(frozen=True)
+class ForwardContext:
+    """What a forward may need beyond ``x``: the training step (0-d int64 tensor, for
+    temperature schedules) and per-seed noise keys ``[S]`` (for Gumbel gates)."""
+
+    step: Tensor
+    noise_keys: Tensor | None = None
+
+
+ExactMode = Literal["add", "mul"]
+
+
+class Unit(nn.Module):
+    """Base class. Subclasses set ``name`` and ``Options`` and implement the abstract hooks."""
+
+    name: ClassVar[str]
+    Options: ClassVar[type[UnitOptions]] = UnitOptions
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        num_seeds: int,
+        options: UnitOptions | None = None,
+        init: InitSpec | str = "default",
+    ) -> None:
+        super().__init__()
+        self.in_features = in_features
+        self.out_features = out_features
+        self.num_seeds = num_seeds
+        self.options = options if options is not None else self.Options()
+        self.init = parse_init(init) if isinstance(init, str) else init
+
+    # -- parameters -------------------------------------------------------------------
+    def seed_parameter(self, *shape: int) -> nn.Parameter:
+        """A zero parameter of shape ``[S, *shape]`` (filled by `reset_parameters`)."""
+        return nn.Parameter(torch.zeros(self.num_seeds, *shape))
+
+    def reset_parameters(
+        self, generators: Sequence[torch.Generator], seeds: Sequence[int] | None = None
+    ) -> None:
+        """Re-draw the parameters of the batch positions ``seeds`` (default: all), using
+        ``generators[k]`` for position k, so every seed has its own init stream."""
+        positions = range(self.num_seeds) if seeds is None else seeds
+        with torch.no_grad():
+            for k in positions:
+                self.init_seed_(k, generators[k])
+
+    def init_seed_(self, k: int, generator: torch.Generator) -> None:
+        """Fill the parameters of batch position ``k`` from ``generator``."""
+        raise NotImplementedError
+
+    def fill_weight_(
+        self,
+        w: Tensor,
+        generator: torch.Generator,
+        default: Callable[[Tensor, torch.Generator], object],
+    ) -> None:
+        """Fill one seed's ``[out, in]`` weight slice: the unit's reference ``default`` when
+        ``self.init`` is 'default', else the configured `InitSpec`."""
+        if self.init.kind == "default":
+            default(w, generator)
+        else:
+            self.init.fill_(w, generator)
+
+    # -- the maths ----------------------------------------------------------------------
+    def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:  # noqa: D102
+        raise NotImplementedError
+
+    def regularizer(self) -> Tensor:
+        """Sparsity regulariser R per seed ``[S]`` (a mean over the unit's weights)."""
+        return self._zeros()
+
+    def oob_penalty(self) -> Tensor:
+        """Penalty for weights outside their valid range, per seed ``[S]``."""
+        return self._zeros()
+
+    def sparsity_error(self) -> Tensor:
+        """``max_w min(|w|, |1 - |w||)`` over the unit's effective weights, per seed ``[S]``."""
+        mats = list(self.weight_matrices().values())
+        if not mats:
+            return self._zeros()
+        errs = [torch.minimum(w.abs(), (1 - w.abs()).abs()).flatten(1).amax(1) for w in mats]
+        return torch.stack(errs).amax(0)
+
+    def clamp_(self) -> None:
+        """Project parameters back into their constraint set (after each optimiser step)."""
+
+    def weight_matrices(self) -> dict[str, Tensor]:
+        """The effective weight matrices ``[S, out, in]`` (for sparsity and reports)."""
+        return {}
+
+    def load_exact_(self, weights: Tensor, mode: ExactMode) -> None:
+        """Set every seed to an exact solution: ``z = W x`` (``add``) or
+        ``z_o = prod_i x_i ** W_oi`` (``mul``), ``W`` given as ``[out, in]``.
+        Raises ``NotImplementedError`` for a mode the unit cannot represent."""
+        raise NotImplementedError(f"unit {self.name!r} cannot represent mode {mode!r}")
+
+    def step_of(self, ctx: ForwardContext | None, device: torch.device) -> Tensor:
+        """The training step as a 0-d int64 tensor (step 0 when there is no context)."""
+        if ctx is None:
+            return torch.zeros((), dtype=torch.int64, device=device)
+        return ctx.step
+
+    def _zeros(self) -> Tensor:
+        p = next(self.parameters(), None)
+        device = p.device if p is not None else None
+        return torch.zeros(self.num_seeds, device=device)

@@ -1,0 +1,50 @@
+"""The regulariser scaling λ(t) of SPEC.md §1.
+
+Total loss = task_loss + λ(t) · Σ_layers R_layer (+ oob · Σ_layers out-of-bound penalty).
+λ is computed from a step *tensor* so a compiled training step is not re-traced each step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, model_validator
+
+_EXP_RATE = 5.0
+
+
+class RegularizerSchedule(BaseModel):
+    """``linear``: λ_max·clamp((t − t_start)/(t_end − t_start), 0, 1) (the papers' warm-up);
+    ``constant``: λ_max from t_start on; ``exponential``: λ_max·(e^{5p} − 1)/(e^5 − 1) with
+    the same p, a slow start that reaches λ_max at t_end."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    shape: Literal["linear", "constant", "exponential"] = "linear"
+    lambda_max: float = 10.0
+    t_start: int = 1_000_000
+    t_end: int = 2_000_000
+    oob: float = 0.0
+
+    @model_validator(mode="after")
+    def _check(self) -> "RegularizerSchedule":
+        if self.lambda_max < 0:
+            raise ValueError("lambda_max must be >= 0")
+        if self.oob < 0:
+            raise ValueError("oob must be >= 0")
+        if self.t_start < 0:
+            raise ValueError("t_start must be >= 0")
+        if self.shape != "constant" and self.t_end <= self.t_start:
+            raise ValueError(f"t_end ({self.t_end}) must be > t_start ({self.t_start})")
+        return self
+
+    def value(self, step: torch.Tensor | int) -> torch.Tensor:
+        """λ(step) as a 0-d float tensor (on ``step``'s device)."""
+        t = torch.as_tensor(step).to(torch.float32)
+        if self.shape == "constant":
+            return torch.where(t >= self.t_start, self.lambda_max, 0.0).to(torch.float32)
+        p = ((t - self.t_start) / float(self.t_end - self.t_start)).clamp(0.0, 1.0)
+        if self.shape == "linear":
+            return self.lambda_max * p
+        return self.lambda_max * torch.expm1(_EXP_RATE * p) / math.expm1(_EXP_RATE)

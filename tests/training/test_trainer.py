@@ -1,0 +1,117 @@
+"""The seed-batched trainer: batch independence, divergence, clipping, re-initialisation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from service.config import RunConfig
+from service.training import Trainer, train
+
+
+def _config(**overrides) -> RunConfig:
+    base = {
+        "task": {"kind": "arithmetic", "operation": "mul", "eval_samples": 200, "threshold_samples": 20_000},
+        "model": {"layers": [{"unit": "nau"}, {"unit": "nmu"}]},
+        "train": {"steps": 60, "batch_size": 16, "eval_every": 20,
+                  "regularizer": {"lambda_max": 1.0, "t_start": 10, "t_end": 40}},
+        "seeds": 16, "device": "cpu", "compile": "off",
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(base.get(key), dict):
+            base[key] = {**base[key], **value}
+        else:
+            base[key] = value
+    return RunConfig.model_validate(base)
+
+
+def _params(trainer: Trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in trainer.params]
+
+
+@pytest.mark.parametrize("clip", ["none", "norm", "value"])
+def test_seed_trajectory_does_not_depend_on_batch_mates(clip):
+    """Seed 5 trained alone and inside a batch of 16 ends with the same parameters."""
+    train_cfg = {"clip": {"mode": clip, "max": 0.5}}
+    together = Trainer(_config(train=train_cfg))
+    alone = Trainer(_config(train=train_cfg, seeds=1, seed_offset=5))
+    for _ in range(60):
+        together.train_step()
+        alone.train_step()
+    for p_all, p_one in zip(_params(together), _params(alone)):
+        torch.testing.assert_close(p_all[5:6], p_one, rtol=1e-5, atol=1e-6)
+    # and the seeds really differ from each other (not one shared trajectory)
+    w = _params(together)[0]
+    assert not torch.allclose(w[0], w[1])
+
+
+def test_shared_batch_option_gives_every_seed_the_same_data():
+    t = Trainer(_config(train={"shared_batch": True}, seeds=3))
+    x, _ = t._batch(torch.tensor(7))
+    assert torch.equal(x[0], x[1]) and torch.equal(x[1], x[2])
+    t2 = Trainer(_config(seeds=3))
+    x2, _ = t2._batch(torch.tensor(7))
+    assert not torch.equal(x2[0], x2[1])
+
+
+def test_diverging_seed_is_recorded_and_others_continue():
+    """A seed whose parameters become NaN is marked diverged; the rest train on."""
+    trainer = Trainer(_config(seeds=4, train={"steps": 40}))
+    with torch.no_grad():
+        trainer.params[0][2].fill_(float("nan"))
+    result = trainer.run()
+    diverged = [s.diverged for s in result.seeds]
+    assert diverged == [False, False, True, False]
+    assert not result.seeds[2].success
+    assert result.aggregate.diverged == 1
+    for k in (0, 1, 3):
+        assert torch.isfinite(trainer.params[0][k]).all()
+    assert np.isfinite(result.history.interpolation_mse[:, [0, 1, 3]]).all()
+
+
+def test_huge_learning_rate_diverges_without_crashing():
+    cfg = _config(
+        task={"kind": "arithmetic", "operation": "mul", "eval_samples": 200, "threshold_samples": 20_000},
+        model={"layers": [{"unit": "nalu"}, {"unit": "nalu"}]},
+        train={"optimizer": {"name": "sgd", "lr": 1e6}, "steps": 40},
+        seeds=4,
+    )
+    result = train(cfg)
+    assert result.aggregate.diverged >= 1
+    assert result.aggregate.successes + result.aggregate.diverged <= 4
+    result.save_json("result.json")  # NaN never breaks the JSON
+
+
+def test_reinitialisation_redraws_only_stuck_seeds():
+    cfg = _config(seeds=4, train={"steps": 30, "reinit": {"enabled": True, "every": 10, "patience": 1, "threshold": 0.0}})
+    trainer = Trainer(cfg)
+    before = _params(trainer)
+    trainer.best_loss[:] = 1e9  # every seed "stuck": loss above threshold and not improving
+    trainer.best_loss[1] = -1.0  # seed 1 is below the threshold: must be left alone
+    trainer.step = 10
+    trainer.last_improved[:] = 0
+    trainer.maybe_reinitialise()
+    after = _params(trainer)
+    assert trainer.reinit_counts == [1, 0, 1, 1]
+    assert torch.equal(before[0][1], after[0][1])
+    assert not torch.equal(before[0][0], after[0][0])
+    assert float(trainer.optimizer.steps[0]) == 0.0
+
+
+def test_evaluation_history_has_every_eval_step():
+    result = train(_config(seeds=2, train={"steps": 50, "eval_every": 20}))
+    assert result.history.steps.tolist() == [0, 20, 40, 50]
+    assert result.history.interpolation_mse.shape == (4, 2)
+    assert set(result.history.extrapolation_mse) == {"extrapolation"}
+
+
+@pytest.mark.slow
+def test_compiled_step_matches_eager():
+    eager = Trainer(_config(seeds=4))
+    compiled = Trainer(_config(seeds=4, compile="on"))
+    for _ in range(30):
+        eager.train_step()
+        compiled.train_step()
+    for a, b in zip(_params(eager), _params(compiled)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
