@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -22,6 +21,11 @@ app = typer.Typer(
 )
 console = Console()
 err_console = Console(stderr=True)
+
+
+@app.callback()
+def _main() -> None:
+    """Seed-robust hyperparameter search for neural arithmetic units."""
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -78,6 +82,7 @@ def run(
     eval_every: Optional[int] = typer.Option(None, help="Evaluate every k steps."),
     device: Optional[str] = typer.Option(None, help="cpu, cuda or auto."),
     compile: Optional[str] = typer.Option(None, "--compile", help="torch.compile the step: auto, on or off."),
+    threads: int = typer.Option(1, help="CPU threads for torch (these models are tiny: 1 is usually fastest)."),
     output: Path = typer.Option(Path("result.json"), help="Where to write the JSON result with every per-seed metric."),
     quiet: bool = typer.Option(False, help="No progress bar."),
 ) -> None:
@@ -126,7 +131,11 @@ def run(
     except (UserError, UnknownUnitError) as e:
         fail(str(e))
 
+    import torch
+
     from service.report_console import print_run_result, run_with_progress
+
+    torch.set_num_threads(max(1, threads))
 
     try:
         result = run_with_progress(config, console, quiet=quiet)

@@ -66,4 +66,6 @@ def build_model(config: RunConfig, num_seeds: int | None = None) -> BatchedModel
         build_unit(layer.unit, widths[i], widths[i + 1], num_seeds, layer.options, layer.init)
         for i, layer in enumerate(layers)
     ]
+    for i, unit in enumerate(units):
+        unit.noise_stream = i  # two noisy (Gumbel-gated) layers never share noise
     return BatchedModel(units)

@@ -51,25 +51,23 @@ def _fmt(value: float | None, spec: str = ".3g") -> str:
 
 
 def print_run_result(result: RunResult, console: Console) -> None:
+    """One configuration's outcome as a two-column table (readable in any terminal width)."""
     a = result.aggregate
     cfg = result.config
     units = " → ".join(layer.unit for layer in cfg.layers())
-    table = Table(title=f"{cfg.task.kind} · {getattr(cfg.task, 'operation', '')} · {units} · {a.n_seeds} seeds")
-    for col in ("success rate [95% CI]", "solved_at median", "sparsity error", "diverged",
-                "interpolation MSE (median)"):
-        table.add_column(col, justify="right")
-    for name in result.thresholds:
-        table.add_column(f"{name} MSE (median) / threshold", justify="right")
-    row = [
-        f"{a.successes}/{a.n_seeds} = {a.success_rate:.0%} [{a.success_ci_low:.0%}, {a.success_ci_high:.0%}]",
-        _fmt(a.solved_at_median, ".0f"),
-        _fmt(a.sparsity_error_mean),
-        str(a.diverged),
-        _fmt(a.interpolation_mse_median),
-    ]
+    op = getattr(cfg.task, "operation", None)
+    table = Table(title=f"{cfg.task.kind}{f' · {op}' if op else ''} · {units} · {a.n_seeds} seeds")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("success rate [95% CI]", f"{a.successes}/{a.n_seeds} = {a.success_rate:.0%} "
+                  f"[{a.success_ci_low:.0%}, {a.success_ci_high:.0%}]")
+    table.add_row("solved_at median", _fmt(a.solved_at_median, ".0f"))
+    table.add_row("sparsity error (mean)", _fmt(a.sparsity_error_mean))
+    table.add_row("diverged", str(a.diverged))
+    table.add_row("interpolation MSE (median)", _fmt(a.interpolation_mse_median))
     for name, thr in result.thresholds.items():
-        row.append(f"{_fmt(a.extrapolation_mse_median.get(name))} / {thr:.3g}")
-    table.add_row(*row)
+        table.add_row(f"{name} MSE (median) / threshold",
+                      f"{_fmt(a.extrapolation_mse_median.get(name))} / {thr:.3g}")
     console.print(table)
     rate = cfg.train.steps * a.n_seeds / max(result.elapsed_s, 1e-9)
     console.print(f"{result.elapsed_s:.1f} s on {result.device}"

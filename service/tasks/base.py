@@ -59,25 +59,23 @@ class Task(BaseModel):
     @classmethod
     def _some_extrapolation(cls, value: dict[str, Range]) -> dict[str, Range]:
         if not value:
-            raise ValueError("extrapolation: at least one extrapolation range is needed")
+            raise ValueError("at least one extrapolation range is needed")
         for name in value:
             if name == "interpolation":
                 raise ValueError(
-                    "extrapolation: a range may not be named 'interpolation' "
+                    "a range may not be named 'interpolation' "
                     "(that name is the interpolation set)"
                 )
             if not name or not name.strip():
-                raise ValueError("extrapolation: range names must be non-empty")
+                raise ValueError("range names must be non-empty")
         return value
 
     # -- what each task defines -----------------------------------------------------------
-    @property
-    def input_size(self) -> int:
-        raise NotImplementedError
-
-    @property
-    def output_size(self) -> int:
-        raise NotImplementedError
+    # ``input_size`` and ``output_size`` (ints) are defined by each subclass, as a property
+    # or, where the user chooses it (arithmetic: ``input_size``), as a field; a property
+    # here would hide such a field.
+    input_size: ClassVar[int]
+    output_size: ClassVar[int]
 
     def selection(self) -> torch.Tensor:
         """Exact first-layer weights ``[K, I]`` (float64) that pick the operands."""
@@ -115,9 +113,10 @@ class Task(BaseModel):
         return torch.where(sel == 0, torch.full_like(sel, epsilon), sel - epsilon * torch.sign(sel))
 
     def config_key(self, exclude: set[str] | None = None) -> str:
-        """A stable text key of this configuration (kind + fields) for caches."""
+        """A text key of this configuration (kind + fields, in field order: the order of the
+        extrapolation ranges matters) for caches."""
         data = self.model_dump(mode="json", exclude=exclude)
-        return json.dumps({"kind": self.kind, **data}, sort_keys=True)
+        return json.dumps({"kind": self.kind, **data})
 
     def evaluation_sets(
         self, device: torch.device | str | None = None
@@ -138,26 +137,35 @@ class Task(BaseModel):
     def success_thresholds(self) -> dict[str, float]:
         """``{extrapolation range name: threshold}``: the MSE of the nearly perfect model.
 
-        The selection weights are ε-perturbed (`perturbed_selection`), the operation is
-        applied exactly, and the MSE against the exact model is simulated in float64 on
+        The selection weights are ε-perturbed (`perturbed_selection`; tasks without a
+        selection layer perturb their single unit's weights, see `nearly_perfect_error`), the
+        operation is applied exactly, and the MSE against the exact model is simulated in float64 on
         ``threshold_samples`` draws from the range with a fixed seed (SPEC.md §3). Computed
         once per configuration: cached in memory and in a small JSON file under
         ``$NALU_SWEEP_CACHE_DIR`` (default ``~/.cache/nalu-sweep``).
         """
         return dict(_thresholds_cached(type(self), self.config_key(exclude={"eval_samples"})))
 
+    def nearly_perfect_error(self, x: torch.Tensor, epsilon: float = THRESHOLD_EPSILON) -> torch.Tensor:
+        """Output of the nearly perfect model minus the exact target, ``[N, I] → [N, O]``.
+
+        Here: the ε-perturbed selection followed by the exact operation (SPEC.md §3). Tasks
+        with no selection layer (a single unit learns everything) override this.
+        """
+        exact = self.selection().to(dtype=x.dtype, device=x.device)
+        perturbed = self.perturbed_selection(epsilon).to(dtype=x.dtype, device=x.device)
+        return self.apply_operation(x @ perturbed.T) - self.apply_operation(x @ exact.T)
+
     def simulate_threshold(self, rng: Range, samples: int, generator: torch.Generator,
                            epsilon: float = THRESHOLD_EPSILON) -> float:
-        """Monte-Carlo MSE of the ε-perturbed model against the exact one on ``rng``."""
-        exact = self.selection().to(torch.float64)
-        perturbed = self.perturbed_selection(epsilon)
+        """Monte-Carlo MSE (over samples and outputs) of the nearly perfect model against the
+        exact one on ``rng``, in float64 and in chunks to bound memory."""
         total = 0.0
         done = 0
         while done < samples:
             n = min(_THRESHOLD_CHUNK, samples - done)
             x = rng.sample((n, self.input_size), generator, dtype=torch.float64)
-            diff = self.apply_operation(x @ perturbed.T) - self.apply_operation(x @ exact.T)
-            total += float(diff.square().sum())
+            total += float(self.nearly_perfect_error(x, epsilon).square().sum())
             done += n
         return total / (samples * self.output_size)
 

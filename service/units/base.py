@@ -40,6 +40,9 @@ class Unit(nn.Module):
 
     name: ClassVar[str]
     Options: ClassVar[type[UnitOptions]] = UnitOptions
+    noise_stream: int = 0
+    """Noise stream of a stochastic unit (the Gumbel gate): give each layer of a model its
+    own (e.g. its index) so that two layers never draw the same noise."""
 
     def __init__(
         self,

@@ -72,9 +72,8 @@ def test_diverging_seed_is_recorded_and_others_continue():
 
 def test_huge_learning_rate_diverges_without_crashing():
     cfg = _config(
-        task={"kind": "arithmetic", "operation": "mul", "eval_samples": 200, "threshold_samples": 20_000},
-        model={"layers": [{"unit": "nalu"}, {"unit": "nalu"}]},
-        train={"optimizer": {"name": "sgd", "lr": 1e6}, "steps": 40},
+        model={"layers": [{"unit": "linear"}, {"unit": "linear"}]},
+        train={"optimizer": {"name": "sgd", "lr": 1e3}, "steps": 40},
         seeds=4,
     )
     result = train(cfg)

@@ -1,0 +1,260 @@
+"""Neural Arithmetic Logic Unit (Trask et al., 2018) and the variants of SPEC.md §1.
+
+``z = g ⊙ a + (1 − g) ⊙ m`` with ``a = NAC+(x) = W_a x`` and ``m`` the multiplicative path:
+NAC• ``exp(W_m log̃(x))`` (optionally times the iNALU sign ``Π_i (sign(x_i)|W_m,i| + 1 −
+|W_m,i|)``) or an NMU ``Π_i (W_m,i x_i + 1 − W_m,i)``.
+
+- ``weights``: ``shared`` (W_m = W_a, the paper's NALU) or ``independent``.
+- ``gate``: ``standard`` σ(G x); ``bias`` σ(G x + β); ``input_independent`` σ(β);
+  ``temperature`` σ(τ(t) G x); ``gumbel`` σ(G x + L) with logistic noise
+  L = log u − log(1 − u) (the difference of two Gumbels) added in training mode only.
+- temperature (any gate; the default for ``temperature``): ``linear`` τ(t) rises from
+  ``tau_start`` to ``tau_end`` between steps ``tau_t0`` and ``tau_t1`` and *multiplies* the
+  pre-activation (σ(τ G x)); ``exponential`` is the Gumbel-softmax temperature
+  T(t) = max(``tau_min``, exp(−``tau_rate``·t)), which *divides* it (σ((G x + L) / T)).
+  Both sharpen the gate as training goes on.
+- ``log`` (NAC• path): ``eps`` log(|x| + ε); ``safe`` log(|x − 1| + 1); ``relu``
+  log(max(0, x − 1) + 1). The latter two equal log x for x ≥ 1 and avoid log 0.
+- ``mul_unit``: ``nac_mul`` or ``nmu`` (needs independent weights: an NMU's W lives in [0, 1]).
+
+Init: NAC weights as `nac_init_range`; NMU U[0.25, 0.75]; G Xavier uniform; β =
+``gate_bias_init``. A non-default initialisation replaces the NAC/NMU weights' init only.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from service import rng
+from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
+from service.units.linear import linear_forward, xavier_uniform_
+from service.units.nac import nac_init_range, nac_mul_forward, nac_weight, saturated_nac_params
+from service.units.nmu import (
+    check_selection_weights, nmu_forward, nmu_init_, nmu_oob_penalty, nmu_regularizer,
+)
+from service.units.registry import register
+
+GATE_SATURATION = 100.0
+"""|G| and |β| used by `load_exact_`; with τ ≥ 0.2 and inputs ≥ 1 the gate is 0/1 in float32."""
+
+NOISE_STREAM_SHIFT = 40
+"""Gumbel noise of unit stream s uses counter ``step + (s + 1) << 40``, never a data counter."""
+
+LogKind = Literal["eps", "safe", "relu"]
+
+
+def log_transform(x: Tensor, kind: LogKind, epsilon: float) -> Tensor:
+    """The NAC• path's logarithm: ``eps``, ``safe`` or ``relu`` (see the module docstring)."""
+    if kind == "eps":
+        return torch.log(x.abs() + epsilon)
+    if kind == "safe":
+        return torch.log1p((x - 1).abs())
+    return torch.log1p(torch.relu(x - 1))
+
+
+def product_sign(x: Tensor, w: Tensor) -> Tensor:
+    """iNALU sign recovery ``Π_i (sign(x_i)|w_i| + 1 − |w_i|)``: ``[S, B, out]``."""
+    a = w.abs().unsqueeze(1)
+    return (a * (torch.sign(x).unsqueeze(2) - 1) + 1).prod(-1)
+
+
+class NALUOptions(UnitOptions):
+    """NALU variants (SPEC.md §1)."""
+
+    weights: Literal["shared", "independent"] = Field(
+        "shared", description="one W for both paths (the paper's NALU) or one W per path")
+    gate: Literal["standard", "bias", "input_independent", "temperature", "gumbel"] = Field(
+        "standard", description="σ(Gx), σ(Gx+β), σ(β), σ(τ(t)Gx) or σ(Gx + logistic noise)")
+    tau_schedule: Literal["auto", "none", "linear", "exponential"] = Field(
+        "auto", description="gate temperature; 'auto': linear for gate='temperature', else none")
+    tau_start: float = Field(0.2, gt=0, description="linear schedule: τ at step tau_t0")
+    tau_end: float = Field(1.0, gt=0, description="linear schedule: τ from step tau_t1 on")
+    tau_t0: int = Field(0, ge=0, description="linear schedule: first step of the ramp")
+    tau_t1: int = Field(50_000, ge=1, description="linear schedule: last step of the ramp")
+    tau_min: float = Field(0.5, gt=0, description="exponential schedule: lower bound of T")
+    tau_rate: float = Field(1e-5, ge=0, description="exponential schedule: T = exp(-rate·step)")
+    gate_bias_init: float = Field(0.0, description="initial β of the bias/input_independent gate")
+    log: LogKind = Field("eps", description="logarithm of the NAC• path (unused with nmu)")
+    mul_unit: Literal["nac_mul", "nmu"] = Field("nac_mul", description="multiplicative path")
+    sign_correction: bool = Field(
+        False, description="iNALU sign recovery on the NAC• path (an NMU keeps signs itself)")
+    epsilon: float = Field(1e-7, gt=0, description="ε of the 'eps' logarithm")
+
+    @model_validator(mode="after")
+    def _check(self) -> "NALUOptions":
+        if self.tau_t1 <= self.tau_t0:
+            raise ValueError(f"tau_t1 ({self.tau_t1}) must be > tau_t0 ({self.tau_t0})")
+        if self.weights == "shared" and self.mul_unit == "nmu":
+            raise ValueError("mul_unit='nmu' needs weights='independent' "
+                             "(an NMU's weights live in [0, 1], a NAC's in [-1, 1])")
+        return self
+
+    @property
+    def temperature(self) -> Literal["none", "linear", "exponential"]:
+        """The schedule actually used ('auto' resolved)."""
+        if self.tau_schedule == "auto":
+            return "linear" if self.gate == "temperature" else "none"
+        return self.tau_schedule
+
+
+@register
+class NALU(Unit):
+    """``nalu``: z = g a + (1 − g) m with the variants of `NALUOptions`.
+
+    Parameters (``[S, out, in]`` unless noted): ``add_w_hat``, ``add_m_hat`` (NAC+, also the
+    NAC• path when shared); ``mul_w_hat``, ``mul_m_hat`` (independent NAC•) or
+    ``mul_weight`` (NMU); ``gate_weight`` G (not for input_independent); ``gate_bias`` β
+    ``[S, out]`` (bias and input_independent). Exact for ``add`` and ``mul`` with positive
+    inputs (the gate is saturated through G and β).
+    """
+
+    name = "nalu"
+    Options = NALUOptions
+    options: NALUOptions
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        o = self.options
+        self._shared = o.weights == "shared"
+        self._nmu = o.mul_unit == "nmu"
+        self._gate = o.gate
+        self._temperature = o.temperature
+        self._log: LogKind = o.log
+        self._sign = o.sign_correction and not self._nmu
+        shape = (self.out_features, self.in_features)
+        self.add_w_hat = self.seed_parameter(*shape)
+        self.add_m_hat = self.seed_parameter(*shape)
+        if self._nmu:
+            self.mul_weight = self.seed_parameter(*shape)
+        elif not self._shared:
+            self.mul_w_hat = self.seed_parameter(*shape)
+            self.mul_m_hat = self.seed_parameter(*shape)
+        if self._gate != "input_independent":
+            self.gate_weight = self.seed_parameter(*shape)
+        if self._gate in ("bias", "input_independent"):
+            self.gate_bias = self.seed_parameter(self.out_features)
+
+    # -- init -------------------------------------------------------------------------
+    def init_seed_(self, k: int, generator: torch.Generator) -> None:
+        r = nac_init_range(self.in_features, self.out_features)
+
+        def nac_init(w: Tensor, g: torch.Generator) -> Tensor:
+            return w.uniform_(-r, r, generator=g)
+
+        nac = [self.add_w_hat, self.add_m_hat]
+        if not self._shared and not self._nmu:
+            nac += [self.mul_w_hat, self.mul_m_hat]
+        for p in nac:
+            self.fill_weight_(p.data[k], generator, nac_init)
+        if self._nmu:
+            self.fill_weight_(self.mul_weight.data[k], generator, nmu_init_)
+        if self._gate != "input_independent":
+            xavier_uniform_(self.gate_weight.data[k], generator)
+        if self._gate in ("bias", "input_independent"):
+            self.gate_bias.data[k].fill_(self.options.gate_bias_init)
+
+    # -- the maths ----------------------------------------------------------------------
+    def add_weight(self) -> Tensor:
+        return nac_weight(self.add_w_hat, self.add_m_hat)
+
+    def mul_weight_matrix(self) -> Tensor:
+        """The multiplicative path's effective W (NAC• weight or NMU weight)."""
+        if self._nmu:
+            return self.mul_weight
+        if self._shared:
+            return self.add_weight()
+        return nac_weight(self.mul_w_hat, self.mul_m_hat)
+
+    def gate_value(self, x: Tensor, ctx: ForwardContext | None) -> Tensor:
+        """g ``[S, B or 1, out]``."""
+        if self._gate == "input_independent":
+            pre = self.gate_bias.unsqueeze(1)
+        else:
+            pre = linear_forward(x, self.gate_weight)
+            if self._gate == "bias":
+                pre = pre + self.gate_bias.unsqueeze(1)
+            if self._gate == "gumbel" and self.training and ctx is not None:
+                pre = pre + self._logistic_noise(ctx, x.shape[1])
+        if self._temperature != "none":
+            pre = pre * self.gate_sharpness(self.step_of(ctx, x.device))
+        return torch.sigmoid(pre)
+
+    def gate_sharpness(self, step: Tensor) -> Tensor:
+        """The factor on the gate pre-activation at ``step`` (0-d tensor): τ(t) for the
+        linear schedule, 1 / T(t) for the exponential one."""
+        o = self.options
+        t = step.to(torch.float32)
+        if self._temperature == "linear":
+            p = ((t - o.tau_t0) / float(o.tau_t1 - o.tau_t0)).clamp(0.0, 1.0)
+            return o.tau_start + (o.tau_end - o.tau_start) * p
+        return 1.0 / torch.exp(-o.tau_rate * t).clamp_min(o.tau_min)
+
+    def _logistic_noise(self, ctx: ForwardContext, batch: int) -> Tensor:
+        if ctx.noise_keys is None:
+            raise ValueError("a gumbel gate needs ForwardContext.noise_keys in training mode")
+        counter = ctx.step + ((self.noise_stream + 1) << NOISE_STREAM_SHIFT)
+        u = rng.uniform(ctx.noise_keys, counter, (batch, self.out_features))
+        return torch.logit(u, eps=1e-7)
+
+    def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:
+        w_add = self.add_weight()
+        a = linear_forward(x, w_add)
+        if self._nmu:
+            m = nmu_forward(x, self.mul_weight)
+        else:
+            w_mul = w_add if self._shared else nac_weight(self.mul_w_hat, self.mul_m_hat)
+            m = nac_mul_forward(log_transform(x, self._log, self.options.epsilon), w_mul)
+            if self._sign:
+                m = m * product_sign(x, w_mul)
+        g = self.gate_value(x, ctx)
+        return g * a + (1 - g) * m
+
+    # -- regularisers and constraints ------------------------------------------------------
+    def regularizer(self) -> Tensor:
+        """The NMU path's ``mean(min(W, 1 − W))``; zero for a NAC• path (no regulariser)."""
+        return nmu_regularizer(self.mul_weight) if self._nmu else self._zeros()
+
+    def oob_penalty(self) -> Tensor:
+        return nmu_oob_penalty(self.mul_weight) if self._nmu else self._zeros()
+
+    def clamp_(self) -> None:
+        if self._nmu:
+            with torch.no_grad():
+                self.mul_weight.clamp_(0.0, 1.0)
+
+    def weight_matrices(self) -> dict[str, Tensor]:
+        if self._shared:
+            return {"weight": self.add_weight()}
+        return {"add": self.add_weight(), "mul": self.mul_weight_matrix()}
+
+    def load_exact_(self, weights: Tensor, mode: ExactMode) -> None:
+        if mode not in ("add", "mul"):
+            super().load_exact_(weights, mode)
+        if mode == "add" or (mode == "mul" and self._shared):
+            target = (self.add_w_hat, self.add_m_hat)
+        elif self._nmu:
+            check_selection_weights(weights)
+            target = None
+        else:
+            target = (self.mul_w_hat, self.mul_m_hat)
+        with torch.no_grad():
+            if target is None:
+                self.mul_weight.copy_(weights.to(self.mul_weight).expand_as(self.mul_weight))
+            else:
+                for p, v in zip(target, saturated_nac_params(weights)):
+                    p.copy_(v.to(p).expand_as(p))
+            sign = 1.0 if mode == "add" else -1.0
+            if self._gate != "input_independent":
+                self.gate_weight.fill_(sign * GATE_SATURATION)
+            if self._gate in ("bias", "input_independent"):
+                self.gate_bias.fill_(sign * GATE_SATURATION)
+
+    def extra_repr(self) -> str:
+        o = self.options
+        return (f"{self.in_features}->{self.out_features}, S={self.num_seeds}, "
+                f"weights={o.weights}, gate={o.gate}, temperature={o.temperature}, "
+                f"log={o.log}, mul_unit={o.mul_unit}, sign_correction={o.sign_correction}")
