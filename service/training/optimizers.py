@@ -35,9 +35,11 @@ class BatchedOptimizer:
         return v.view(-1, *([1] * (like.dim() - 1)))
 
     @torch.no_grad()
-    def step(self, grads: Sequence[Tensor]) -> None:
-        """One update from ``grads`` (same order as ``params``)."""
+    def step(self, grads: Sequence[Tensor], lr: Tensor | float | None = None) -> None:
+        """One update from ``grads`` (same order as ``params``); ``lr`` overrides the
+        configured rate (a learning-rate schedule)."""
         c = self.config
+        lr = c.lr if lr is None else lr
         self.steps += 1
         if c.name == "adam":
             b1, b2 = c.betas
@@ -47,15 +49,15 @@ class BatchedOptimizer:
                 m.lerp_(g, 1 - b1)
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)
                 denom = (v / self._per_seed(bc2, p)).sqrt_().add_(c.eps)
-                p.addcdiv_(m, denom * self._per_seed(bc1, p), value=-c.lr)
+                p.sub_(lr * m / (denom * self._per_seed(bc1, p)))
         elif c.name == "rmsprop":
             for p, g, (v,) in zip(self.params, grads, self.state):
                 v.mul_(c.alpha).addcmul_(g, g, value=1 - c.alpha)
-                p.addcdiv_(g, v.sqrt().add_(c.eps), value=-c.lr)
+                p.sub_(lr * g / v.sqrt().add_(c.eps))
         else:
             for p, g, (buf,) in zip(self.params, grads, self.state):
                 buf.mul_(c.momentum).add_(g)
-                p.add_(buf, alpha=-c.lr)
+                p.sub_(lr * buf)
 
     @torch.no_grad()
     def reset_seeds(self, mask: Tensor) -> None:

@@ -150,7 +150,8 @@ class Trainer:
             torch.where(self.alive.view(-1, *([1] * (g.dim() - 1))) & torch.isfinite(g), g, 0.0)
             for g in grads
         ]
-        self.optimizer.step(grads)
+        opt = self.config.train.optimizer
+        self.optimizer.step(grads, opt.lr_at(step.to(torch.float32), self.config.train.steps))
         self.model.clamp_()
         if self.config.train.reinit.enabled:
             improved = task_loss < self.best_loss

@@ -1,4 +1,9 @@
-"""End-to-end learning tests that can fail: the units must actually learn."""
+"""End-to-end learning tests that can fail: the units must actually learn, to the SPEC's
+success threshold (the ε = 1e-5-perturbed exact model), on every seed's own data.
+
+A large learning rate finds the structure fast; the cosine decay then lets the zero
+weights settle (under constant Adam steps they keep oscillating by about lr/10, far above
+what the threshold tolerates)."""
 
 from __future__ import annotations
 
@@ -11,24 +16,30 @@ from service.training import train
 @pytest.mark.slow
 def test_nau_learns_addition_on_the_arithmetic_task():
     cfg = RunConfig.model_validate({
-        "task": {"kind": "arithmetic", "operation": "add", "eval_samples": 1000},
+        "task": {"kind": "arithmetic", "operation": "add", "eval_samples": 2000},
         "model": {"layers": [{"unit": "nau"}, {"unit": "nau"}]},
-        "train": {"steps": 3000, "eval_every": 500, "optimizer": {"lr": 1e-2},
-                  "regularizer": {"lambda_max": 0.01, "t_start": 500, "t_end": 2000}},
+        "train": {"steps": 6000, "eval_every": 500,
+                  "optimizer": {"lr": 0.3, "lr_schedule": "cosine"},
+                  "regularizer": {"lambda_max": 1.0, "t_start": 1000, "t_end": 4000}},
         "seeds": 16, "device": "cpu",
     })
     result = train(cfg)
     assert result.aggregate.successes >= 12, result.aggregate
+    assert result.aggregate.diverged == 0
 
 
 @pytest.mark.slow
 def test_nmu_learns_the_small_multiplication_problem():
     cfg = RunConfig.model_validate({
-        "task": {"kind": "small_mul", "eval_samples": 1000},
+        "task": {"kind": "small_mul", "eval_samples": 2000},
         "model": {"layers": [{"unit": "nau"}, {"unit": "nmu"}]},
-        "train": {"steps": 5000, "eval_every": 500, "optimizer": {"lr": 1e-2},
-                  "regularizer": {"lambda_max": 1.0, "t_start": 1000, "t_end": 4000}},
+        "train": {"steps": 8000, "eval_every": 500,
+                  "optimizer": {"lr": 0.01, "lr_schedule": "cosine"},
+                  "regularizer": {"lambda_max": 1.0, "t_start": 1000, "t_end": 3000}},
         "seeds": 16, "device": "cpu",
     })
     result = train(cfg)
-    assert result.aggregate.successes >= 11, result.aggregate
+    assert result.aggregate.successes >= 10, result.aggregate
+    # a success is a real extrapolating solution: near-zero sparsity error on those seeds
+    solved = [s for s in result.seeds if s.success]
+    assert all(s.sparsity_error < 1e-2 for s in solved)
