@@ -1,0 +1,223 @@
+"""The counter-based generator in `service.rng`: purity, distribution, independence, and
+bit-for-bit agreement of its implementations (C kernel, torch ops, compiled)."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from service import rng
+
+ROOT = Path(__file__).resolve().parents[1]
+KEYS = torch.tensor([(i * 2654435761 + 12345) & 0x7FFF_FFFF for i in range(100)], dtype=torch.int64)
+SHAPE = (128, 100)
+COUNTERS = [0, 1, 2, 4_999_999, 5_000_000, (1 << 40) + 17, (3 << 40) + 4_999_999]
+
+
+def _flat(u: torch.Tensor) -> torch.Tensor:
+    return u.reshape(-1).double()
+
+
+def _corr(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = _flat(a), _flat(b)
+    a, b = a - a.mean(), b - b.mean()
+    return float((a * b).sum() / (a.square().sum() * b.square().sum()).sqrt())
+
+
+def _assert_uncorrelated(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    n = a.numel()
+    r = _corr(a, b)
+    assert abs(r) < 5.0 / math.sqrt(n), f"{what}: correlation {r:.2e} over {n} pairs"
+
+
+# -- purity -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("counter", [0, 5_000_000, (1 << 40) + 3])
+def test_row_depends_only_on_its_key(counter):
+    full = rng.uniform(KEYS, torch.tensor(counter), SHAPE)
+    for k in [0, 1, 50, 99]:
+        alone = rng.uniform(KEYS[k:k + 1], torch.tensor(counter), SHAPE)
+        assert torch.equal(alone[0], full[k])
+    perm = torch.randperm(len(KEYS), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(rng.uniform(KEYS[perm], counter, SHAPE), full[perm])
+    subset = KEYS[::7]  # a strided view, not contiguous storage
+    assert torch.equal(rng.uniform(subset, counter, SHAPE), full[::7])
+
+
+def test_deterministic_and_counter_forms_agree():
+    a = rng.uniform(KEYS, torch.tensor(12345), SHAPE)
+    b = rng.uniform(KEYS, torch.tensor(12345), SHAPE)
+    c = rng.uniform(KEYS, 12345, SHAPE)
+    d = rng.uniform(KEYS.to(torch.int32), torch.tensor(12345, dtype=torch.int64), SHAPE)
+    assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)
+    assert not torch.equal(a, rng.uniform(KEYS, 12346, SHAPE))
+
+
+def test_shape_is_a_view_of_the_flat_stream():
+    flat = rng.uniform(KEYS, 9, (128 * 100,))
+    assert torch.equal(rng.uniform(KEYS, 9, SHAPE).reshape(100, -1), flat)
+    assert torch.equal(rng.uniform(KEYS, 9, (37,)), flat[:, :37])  # a prefix of the same stream
+    assert rng.uniform(KEYS, 9, ()).shape == (100,)
+    assert rng.uniform(KEYS, 9, (0, 3)).shape == (100, 0, 3)
+    assert rng.uniform(KEYS[:0], 9, SHAPE).shape == (0, *SHAPE)
+
+
+# -- range and distribution -------------------------------------------------------------------
+def test_range_dtype_and_24_random_bits():
+    u = torch.cat([rng.uniform(KEYS, c, SHAPE).reshape(-1) for c in (0, 5_000_000)])
+    assert u.dtype == torch.float32
+    assert float(u.min()) >= 0.0 and float(u.max()) < 1.0
+    ints = (u.double() * 2**24)
+    assert torch.equal(ints, ints.floor())  # on the 2**-24 grid
+    bits = (ints.long().unsqueeze(1) >> torch.arange(24)) & 1
+    freq = bits.double().mean(0)
+    n = u.numel()
+    assert (freq - 0.5).abs().max() < 5 * 0.5 / math.sqrt(n), freq  # all 24 bits balanced
+
+
+@pytest.mark.parametrize("counter", [0, 5_000_000, (2 << 40) + 77])
+def test_mean_variance_ks(counter):
+    u = _flat(rng.uniform(KEYS, counter, SHAPE))  # 1.28e6 numbers
+    n = u.numel()
+    assert abs(float(u.mean()) - 0.5) < 5 * math.sqrt(1 / 12 / n)
+    assert abs(float(u.var()) - 1 / 12) < 5 * math.sqrt(1 / 180 / n)  # var of (u - 1/2)^2 is 1/180
+    s, _ = torch.sort(u)
+    i = torch.arange(1, n + 1, dtype=torch.float64)
+    d = float(torch.maximum(i / n - s, s - (i - 1) / n).max())
+    assert d < 1.95 / math.sqrt(n), f"KS D={d:.2e} (p < 0.001 beyond 1.95/sqrt(n))"
+    hist = torch.histc(u, bins=256, min=0.0, max=1.0)
+    chi2 = float(((hist - n / 256) ** 2 / (n / 256)).sum())
+    assert abs(chi2 - 255) < 5 * math.sqrt(2 * 255)
+
+
+# -- independence -----------------------------------------------------------------------------
+@pytest.mark.parametrize("counter", [0, 5_000_000, (1 << 40) + 5_000_000])
+def test_no_correlation_between_neighbours(counter):
+    u = rng.uniform(KEYS, counter, SHAPE).reshape(100, -1)
+    for lag in (1, 2, 100):  # adjacent elements, and the same input of adjacent batch rows
+        _assert_uncorrelated(u[:, :-lag], u[:, lag:], f"elements at lag {lag}")
+    _assert_uncorrelated(u[:-1], u[1:], "adjacent seeds in a batch")
+    next_keys = rng.uniform(KEYS + 1, counter, SHAPE).reshape(100, -1)
+    _assert_uncorrelated(u, next_keys, "keys k and k + 1")
+    seq = rng.uniform(torch.arange(101), counter, SHAPE).reshape(101, -1)
+    _assert_uncorrelated(seq[:-1], seq[1:], "sequential keys 0, 1, 2, ...")
+    next_step = rng.uniform(KEYS, counter + 1, SHAPE).reshape(100, -1)
+    _assert_uncorrelated(u, next_step, "steps t and t + 1")
+    other_stream = rng.uniform(KEYS, counter + (1 << 40), SHAPE).reshape(100, -1)
+    _assert_uncorrelated(u, other_stream, "counter and counter + 2**40")
+
+
+def test_pairs_fill_the_unit_square():
+    u = rng.uniform(KEYS, 5_000_000, SHAPE).reshape(100, -1)
+    a, b = u[:, :-1].reshape(-1), u[:, 1:].reshape(-1)
+    m = 32
+    cell = (a * m).long() * m + (b * m).long()
+    hist = torch.bincount(cell, minlength=m * m).double()
+    e = a.numel() / (m * m)
+    chi2 = float(((hist - e) ** 2 / e).sum())
+    dof = m * m - 1
+    assert abs(chi2 - dof) < 5 * math.sqrt(2 * dof)
+
+
+def test_streams_never_share_parameters():
+    """(G, B) per (seed, step): distinct across 100 seeds x 20k steps near 5e6, and B is a
+    bijection of the step for a fixed seed (so no step repeats another's stream)."""
+    steps = torch.arange(4_990_000, 5_010_000, dtype=torch.int64)
+    keys = KEYS.repeat_interleave(len(steps))
+    counters = steps.repeat(len(KEYS))
+    g, b = rng._stream_words(keys, counters)
+    assert bool((g & 1).all())
+    pair = (g.long() & 0xFFFF_FFFF) << 32 | (b.long() & 0xFFFF_FFFF)
+    assert torch.unique(pair).numel() == pair.numel()
+    per_seed = b.view(len(KEYS), -1)
+    for row in per_seed[:5]:
+        assert torch.unique(row).numel() == row.numel()
+
+
+def test_consecutive_steps_are_not_shifted_copies():
+    """Rows of nearby steps share no run of values (as shifted streams would)."""
+    rows = torch.cat([rng.uniform(KEYS[:4], c, (256,)) for c in range(5_000_000, 5_000_200)])
+    heads = {tuple(r[:4].tolist()) for r in rows}
+    assert len(heads) == rows.shape[0]
+    values = rows.reshape(-1)
+    # 204800 values on a 2**24 grid: ~1250 equal pairs by chance; a copied run would add
+    # hundreds per shared stream.
+    dup = values.numel() - torch.unique(values).numel()
+    expected = values.numel() ** 2 / 2 / 2**24
+    assert dup < expected + 6 * math.sqrt(expected)
+
+
+# -- implementations agree --------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 15, 16, 17, 100, 12800, 12807])
+def test_cpu_kernel_matches_torch_ops(n):
+    if not rng.native_available():
+        pytest.skip("no native kernel here")
+    for counter in COUNTERS:
+        c = torch.tensor(counter)
+        native = rng.uniform(KEYS, c, (n,))
+        assert torch.equal(native, rng._uniform_torch(KEYS, c, n))
+
+
+def test_uniform_into():
+    out = torch.empty(100, *SHAPE)
+    assert rng.uniform_into(out, KEYS, torch.tensor(42)) is out
+    assert torch.equal(out, rng.uniform(KEYS, 42, SHAPE))
+    strided = torch.empty(100, 100, 128).transpose(1, 2)
+    rng.uniform_into(strided, KEYS, 42)
+    assert torch.equal(strided, out)
+    with pytest.raises(ValueError):
+        rng.uniform_into(torch.empty(99, *SHAPE), KEYS, 0)
+
+
+def _run_isolated(tmp_path: Path, env_extra: dict[str, str], name: str) -> torch.Tensor:
+    code = (
+        "import torch, warnings\n"
+        "from service import rng\n"
+        "keys = torch.tensor(%r, dtype=torch.int64)\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    u = torch.stack([rng.uniform(keys, c, (13, 7)) for c in %r])\n"
+        "torch.save({'u': u, 'native': rng.native_available(), 'warned': len(w)}, %r)\n"
+    ) % (KEYS[:10].tolist(), COUNTERS, str(tmp_path / f"{name}.pt"))
+    env = {**os.environ, "NALU_SWEEP_CACHE": str(tmp_path / "cache"), **env_extra}
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, check=True, timeout=300)
+    return torch.load(tmp_path / f"{name}.pt")
+
+
+@pytest.mark.slow
+def test_fallbacks_give_the_same_numbers(tmp_path):
+    expected = torch.stack([rng.uniform(KEYS[:10], c, (13, 7)) for c in COUNTERS])
+    off = _run_isolated(tmp_path, {"NALU_SWEEP_RNG_NATIVE": "0"}, "off")
+    assert not off["native"] and torch.equal(off["u"], expected)
+    no_cc = _run_isolated(tmp_path, {"CC": str(tmp_path / "no-such-compiler")}, "no_cc")
+    assert not no_cc["native"] and no_cc["warned"] >= 1 and torch.equal(no_cc["u"], expected)
+    built = _run_isolated(tmp_path, {}, "built")  # builds into an empty cache
+    assert torch.equal(built["u"], expected)
+    assert list((tmp_path / "cache").glob("rng-*.so"))
+
+
+@pytest.mark.slow
+def test_compiled_matches_eager():
+    torch._dynamo.reset()
+
+    def step_batch(keys, step):
+        x = rng.uniform(keys, step, SHAPE) * 2.0 - 1.0
+        noise = rng.uniform(keys, step + (1 << 40), (128, 1))
+        return x, noise
+
+    def torch_ops(keys, step):
+        return rng._uniform_torch(keys, step, 128 * 100).view(-1, *SHAPE)
+
+    compiled = torch.compile(step_batch, fullgraph=True, dynamic=False)
+    compiled_ops = torch.compile(torch_ops, fullgraph=True, dynamic=False)
+    for counter in [0, 1, 5_000_000]:
+        step = torch.tensor(counter)
+        x, noise = compiled(KEYS, step)
+        ex, en = step_batch(KEYS, step)
+        assert torch.equal(x, ex) and torch.equal(noise, en)
+        assert torch.equal(compiled_ops(KEYS, step), rng.uniform(KEYS, step, SHAPE))
