@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
@@ -146,9 +145,4 @@ def run(
     console.print(f"per-seed results: [bold]{path}[/]")
 
 
-def main() -> None:  # pragma: no cover - entry point helper
-    app()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())
+import service.cli_sweep  # noqa: E402,F401  (registers sweep, status, best, ui)

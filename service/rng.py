@@ -53,20 +53,12 @@ Implementations, bit-for-bit identical
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shlex
-import shutil
-import subprocess
-import sys
-import tempfile
-import threading
-import warnings
 
 import torch
 
-__all__ = ["uniform", "uniform_into", "native_available"]
+from service import native
+
+__all__ = ["uniform", "uniform_into", "sample", "map_to_intervals", "native_available"]
 
 _M1 = 0x7FEB352D
 _M2 = 0x846CA68B - (1 << 32)  # as signed int32
@@ -74,10 +66,10 @@ _CG = 0x3C6EF372  # whitening constant of the increment word G
 _CB = 0x1B873593  # whitening constant of the offset word B
 _M3 = 0x9E3779B1 - (1 << 32)  # output multiplier (as signed int32)
 _SCALE = 1.0 / 16777216.0  # 2**-24
+_MAX_INTERVALS = 8  # NALU_MAX_INTERVALS of the kernel
 _EAGER_BLOCK = 1 << 18  # elements per block of the eager torch-ops path
 
 _ENV_NATIVE = "NALU_SWEEP_RNG_NATIVE"  # "0" forces the torch-ops path
-_ENV_CACHE = "NALU_SWEEP_CACHE"  # where the compiled kernel is kept
 
 
 # -- the torch-ops implementation (CUDA, fallback, reference) --------------------------------
@@ -135,6 +127,7 @@ def _uniform_torch(keys: torch.Tensor, counter: torch.Tensor, n: int) -> torch.T
 # -- the C kernel ----------------------------------------------------------------------------
 _C_SOURCE = r"""
 #include <stdint.h>
+#include <stddef.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define NALU_X86 1
@@ -146,6 +139,12 @@ _C_SOURCE = r"""
 #define NALU_CB 0x1B873593u
 #define NALU_M3 0x9E3779B1u
 #define NALU_SCALE (1.0f / 16777216.0f)
+#define NALU_MAX_INTERVALS 8
+#define NALU_CHUNK 2048 /* numbers per chunk of `sample`: generated, mapped and summed in L1 */
+
+/* x = s + lo[0] with s = u * total, then x = (s - off[k]) + lo[k] where s >= off[k], k >= 1:
+   float32 with one rounding per operation, exactly `map_to_intervals` in torch. */
+typedef struct { float total; int64_t n; float lo[NALU_MAX_INTERVALS]; float off[NALU_MAX_INTERVALS]; } nalu_map;
 
 static inline uint32_t lb(uint32_t v) {
     v ^= v >> 16; v *= NALU_M1;
@@ -154,11 +153,33 @@ static inline uint32_t lb(uint32_t v) {
     return v;
 }
 
-static void fill_portable(float *o, uint32_t g, uint32_t b, int64_t from, int64_t n) {
-    for (int64_t i = from; i < n; i++) {
+static inline float map1(float u, const nalu_map *m) {
+    if (!m) return u;
+    const float s = u * m->total;
+    float x = s + m->lo[0];
+    for (int64_t k = 1; k < m->n; k++)
+        if (s >= m->off[k]) x = (s - m->off[k]) + m->lo[k];
+    return x;
+}
+
+/* o[i] for i in [from, to): element i of the stream (G, B), optionally mapped */
+static void fill_portable(float *o, uint32_t g, uint32_t b, int64_t from, int64_t to, const nalu_map *m) {
+    for (int64_t i = from; i < to; i++) {
         uint32_t x = lb(b + (uint32_t)i * g) * NALU_M3;
         x ^= x >> 16;
-        o[i] = (float)(int32_t)(x >> 8) * NALU_SCALE;
+        o[i] = map1((float)(int32_t)(x >> 8) * NALU_SCALE, m);
+    }
+}
+
+static void sums_portable(float *sums, const float *o, int64_t rows, int64_t cols,
+                          int64_t K, const int64_t *starts, const int64_t *ends) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = o + r * cols;
+        for (int64_t j = 0; j < K; j++) {
+            float acc = 0.0f;
+            for (int64_t i = starts[j]; i < ends[j]; i++) acc += row[i];
+            sums[r * K + j] = acc;
+        }
     }
 }
 
@@ -171,31 +192,90 @@ static void fill_portable(float *o, uint32_t g, uint32_t b, int64_t from, int64_
 #define NALU_OUT8(v) _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(v, 8)), scale)
 
 __attribute__((target("avx2")))
-static void fill_avx2(float *o, uint32_t g, uint32_t b, int64_t n) {
+static inline __m256 map8(__m256 u, const nalu_map *m) {
+    const __m256 s = _mm256_mul_ps(u, _mm256_set1_ps(m->total));
+    __m256 x = _mm256_add_ps(s, _mm256_set1_ps(m->lo[0]));
+    for (int64_t k = 1; k < m->n; k++) {
+        const __m256 vo = _mm256_set1_ps(m->off[k]);
+        const __m256 alt = _mm256_add_ps(_mm256_sub_ps(s, vo), _mm256_set1_ps(m->lo[k]));
+        x = _mm256_blendv_ps(x, alt, _mm256_cmp_ps(s, vo, _CMP_GE_OQ));
+    }
+    return x;
+}
+
+__attribute__((target("avx2")))
+static void fill_avx2(float *o, uint32_t g, uint32_t b, int64_t from, int64_t to, const nalu_map *m) {
     const __m256i m1 = _mm256_set1_epi32((int32_t)NALU_M1);
     const __m256i m2 = _mm256_set1_epi32((int32_t)NALU_M2);
     const __m256i m3 = _mm256_set1_epi32((int32_t)NALU_M3);
     const __m256 scale = _mm256_set1_ps(NALU_SCALE);
     /* two independent Weyl accumulators, lanes i .. i+7 and i+8 .. i+15 */
-    __m256i x0 = _mm256_add_epi32(_mm256_set1_epi32((int32_t)b),
+    __m256i x0 = _mm256_add_epi32(_mm256_set1_epi32((int32_t)(b + (uint32_t)from * g)),
         _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int32_t)g)));
     __m256i x1 = _mm256_add_epi32(x0, _mm256_set1_epi32((int32_t)(8u * g)));
     const __m256i step = _mm256_set1_epi32((int32_t)(16u * g));
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256i a = x0, c = x1;
-        NALU_HASH8(a) NALU_HASH8(c)
-        _mm256_storeu_ps(o + i, NALU_OUT8(a));
-        _mm256_storeu_ps(o + i + 8, NALU_OUT8(c));
-        x0 = _mm256_add_epi32(x0, step);
-        x1 = _mm256_add_epi32(x1, step);
+    int64_t i = from;
+    if (m && m->n == 1 && (m->total >= 1e-30f || m->total <= -1e-30f)) { /* one interval: x = u * total + lo, constants in registers */
+        /* (k * 2^-24) * total == k * (2^-24 * total) exactly: both are k * total * 2^-24 rounded
+           once, since scaling by a power of two is exact (total is checked to stay normal) */
+        const __m256 vt = _mm256_set1_ps(m->total * NALU_SCALE), vl = _mm256_set1_ps(m->lo[0]);
+        for (; i + 16 <= to; i += 16) {
+            __m256i a = x0, c = x1;
+            NALU_HASH8(a) NALU_HASH8(c)
+            _mm256_storeu_ps(o + i, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 8)), vt), vl));
+            _mm256_storeu_ps(o + i + 8, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 8)), vt), vl));
+            x0 = _mm256_add_epi32(x0, step);
+            x1 = _mm256_add_epi32(x1, step);
+        }
+    } else if (m) {
+        const nalu_map mm = *m; /* a local copy: stores to o cannot alias it */
+        for (; i + 16 <= to; i += 16) {
+            __m256i a = x0, c = x1;
+            NALU_HASH8(a) NALU_HASH8(c)
+            _mm256_storeu_ps(o + i, map8(NALU_OUT8(a), &mm));
+            _mm256_storeu_ps(o + i + 8, map8(NALU_OUT8(c), &mm));
+            x0 = _mm256_add_epi32(x0, step);
+            x1 = _mm256_add_epi32(x1, step);
+        }
+    } else {
+        for (; i + 16 <= to; i += 16) {
+            __m256i a = x0, c = x1;
+            NALU_HASH8(a) NALU_HASH8(c)
+            _mm256_storeu_ps(o + i, NALU_OUT8(a));
+            _mm256_storeu_ps(o + i + 8, NALU_OUT8(c));
+            x0 = _mm256_add_epi32(x0, step);
+            x1 = _mm256_add_epi32(x1, step);
+        }
     }
-    if (i + 8 <= n) {
-        NALU_HASH8(x0)
-        _mm256_storeu_ps(o + i, NALU_OUT8(x0));
-        i += 8;
+    fill_portable(o, g, b, i, to, m);
+}
+
+static const int32_t nalu_mask_tab[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+
+__attribute__((target("avx2")))
+static inline float hsum_avx2(__m256 v) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
+    return _mm_cvtss_f32(a);
+}
+
+__attribute__((target("avx2")))
+static void sums_avx2(float *sums, const float *o, int64_t rows, int64_t cols,
+                      int64_t K, const int64_t *starts, const int64_t *ends) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = o + r * cols;
+        for (int64_t j = 0; j < K; j++) {
+            __m256 acc = _mm256_setzero_ps();
+            int64_t i = starts[j];
+            for (; i + 8 <= ends[j]; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(row + i));
+            if (i < ends[j]) {
+                const __m256i msk = _mm256_loadu_si256((const __m256i *)(nalu_mask_tab + 8 - (ends[j] - i)));
+                acc = _mm256_add_ps(acc, _mm256_maskload_ps(row + i, msk));
+            }
+            sums[r * K + j] = hsum_avx2(acc);
+        }
     }
-    fill_portable(o, g, b, i, n);
 }
 
 static int nalu_has_avx2(void) {
@@ -208,98 +288,101 @@ static int nalu_has_avx2(void) { return 0; }
 
 int nalu_rng_isa(void) { return nalu_has_avx2(); }
 
-void nalu_rng_uniform(float *out, const int64_t *keys, int64_t S, int64_t counter, int64_t n) {
-    const int avx2 = nalu_has_avx2();
+static void stream_words(uint32_t k, int64_t counter, uint32_t *g, uint32_t *b) {
     const uint32_t lo = (uint32_t)(counter & 0x7FFFFFFF);
     const uint32_t hi = (uint32_t)((counter >> 31) & 0x7FFFFFFF);
+    *g = lb(lb(lb(k ^ NALU_CG) + hi) ^ lo) | 1u;
+    *b = lb(lb(lb(k ^ NALU_CB) + hi) ^ lo);
+}
+
+void nalu_rng_uniform(float *out, const int64_t *keys, int64_t S, int64_t counter, int64_t n) {
+    const int avx2 = nalu_has_avx2();
     for (int64_t s = 0; s < S; s++) {
-        const uint32_t k = (uint32_t)keys[s];
-        const uint32_t g = lb(lb(lb(k ^ NALU_CG) + hi) ^ lo) | 1u;
-        const uint32_t b = lb(lb(lb(k ^ NALU_CB) + hi) ^ lo);
+        uint32_t g, b;
+        stream_words((uint32_t)keys[s], counter, &g, &b);
         float *o = out + s * n;
 #ifdef NALU_X86
-        if (avx2) { fill_avx2(o, g, b, n); continue; }
+        if (avx2) { fill_avx2(o, g, b, 0, n, NULL); continue; }
 #endif
         (void)avx2;
-        fill_portable(o, g, b, 0, n);
+        fill_portable(o, g, b, 0, n, NULL);
     }
+}
+
+/* out [S, rows, cols]: the stream mapped onto the intervals; sums [S, rows, K]: sums of each
+   row's runs [starts[j], ends[j]), computed chunk by chunk while the chunk is in L1. */
+int nalu_rng_sample(float *out, const int64_t *keys, int64_t S, int64_t counter, int64_t rows, int64_t cols,
+                    int64_t n_iv, const float *lo, const float *off, float total,
+                    float *sums, int64_t K, const int64_t *starts, const int64_t *ends) {
+    if (n_iv < 1 || n_iv > NALU_MAX_INTERVALS || cols < 1) return -1;
+    nalu_map m;
+    m.total = total; m.n = n_iv;
+    for (int64_t k = 0; k < n_iv; k++) { m.lo[k] = lo[k]; m.off[k] = off[k]; }
+    const int avx2 = nalu_has_avx2();
+    const int64_t n = rows * cols;
+    const int64_t chunk_rows = cols >= NALU_CHUNK ? 1 : NALU_CHUNK / cols;
+    for (int64_t s = 0; s < S; s++) {
+        uint32_t g, b;
+        stream_words((uint32_t)keys[s], counter, &g, &b);
+        float *o = out + s * n;
+        float *su = sums ? sums + s * rows * K : NULL;
+        for (int64_t r0 = 0; r0 < rows; r0 += chunk_rows) {
+            const int64_t r1 = r0 + chunk_rows < rows ? r0 + chunk_rows : rows;
+#ifdef NALU_X86
+            if (avx2) {
+                fill_avx2(o, g, b, r0 * cols, r1 * cols, &m);
+                if (K > 0) sums_avx2(su + r0 * K, o + r0 * cols, r1 - r0, cols, K, starts, ends);
+                continue;
+            }
+#endif
+            fill_portable(o, g, b, r0 * cols, r1 * cols, &m);
+            if (K > 0) sums_portable(su + r0 * K, o + r0 * cols, r1 - r0, cols, K, starts, ends);
+        }
+    }
+    (void)avx2;
+    return 0;
 }
 """
 
-_lib_lock = threading.Lock()
-_lib_state: dict[str, object] = {}  # "fn": ctypes function or None, "error": why not
+_lib_state: dict[str, object] = {}  # "fn", "sample": ctypes functions or None; "avx2"; "error"
+_F32P = ctypes.POINTER(ctypes.c_float)
 
 
-def _cache_dir() -> str:
-    base = os.environ.get(_ENV_CACHE)
-    if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        base = os.path.join(xdg, "nalu-sweep")
-    try:
-        os.makedirs(base, exist_ok=True)
-        if os.access(base, os.W_OK):
-            return base
-    except OSError:
-        pass
-    uid = os.getuid() if hasattr(os, "getuid") else "user"
-    base = os.path.join(tempfile.gettempdir(), f"nalu-sweep-{uid}")
-    os.makedirs(base, exist_ok=True)
-    return base
+def _setup(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.nalu_rng_uniform.restype = None
+    lib.nalu_rng_uniform.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+    lib.nalu_rng_sample.restype = ctypes.c_int
+    lib.nalu_rng_sample.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+    ]
+    return lib
 
 
-def _build() -> ctypes.CDLL:
-    if sys.platform == "win32":
-        raise RuntimeError("the native kernel is built with a Unix C compiler only")
-    cc = shlex.split(os.environ.get("CC") or "") or [shutil.which("cc") or shutil.which("gcc") or "gcc"]
-    if not shutil.which(cc[0]):
-        raise RuntimeError(f"no C compiler {cc[0]!r} found (set CC)")
-    flags = ["-O3", "-shared", "-fPIC"]  # portable: no -march=native; AVX2 is chosen at run time
-    tag = hashlib.sha256("\0".join([_C_SOURCE, *cc, *flags, platform.machine()]).encode()).hexdigest()[:16]
-    d = _cache_dir()
-    so = os.path.join(d, f"rng-{tag}.so")
-    if not os.path.exists(so):
-        fd, src = tempfile.mkstemp(suffix=".c", dir=d)
-        tmp_so = src[:-2] + ".so"
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(_C_SOURCE)
-            proc = subprocess.run([*cc, *flags, src, "-o", tmp_so], capture_output=True, text=True, timeout=120)
-            if proc.returncode != 0:
-                raise RuntimeError(f"{cc[0]} failed: {proc.stderr.strip()[-2000:]}")
-            os.replace(tmp_so, so)  # atomic: concurrent builders never see a partial file
-        finally:
-            for p in (src, tmp_so):
-                if os.path.exists(p):
-                    os.unlink(p)
-    return ctypes.CDLL(so)
+def _lib() -> ctypes.CDLL | None:
+    """The compiled kernel library, or None when it cannot be had (built once per process)."""
+    if "lib" not in _lib_state:
+        lib = native.load("rng", _C_SOURCE, _setup, env=_ENV_NATIVE)
+        if lib is not None:
+            _lib_state["avx2"] = bool(lib.nalu_rng_isa())
+            _lib_state["fn"] = lib.nalu_rng_uniform
+        else:
+            _lib_state["fn"] = None
+            _lib_state["error"] = native.errors.get("rng", "disabled")
+        _lib_state["lib"] = lib
+    return _lib_state["lib"]  # type: ignore[return-value]
 
 
 def _native_fn():
-    """The ctypes kernel, or None when it cannot be had (built/loaded once per process)."""
-    if "fn" in _lib_state:
-        return _lib_state["fn"]
-    with _lib_lock:
-        if "fn" not in _lib_state:
-            fn = None
-            try:
-                if os.environ.get(_ENV_NATIVE, "1") != "0":
-                    lib = _build()
-                    fn = lib.nalu_rng_uniform
-                    fn.restype = None
-                    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
-                    _lib_state["avx2"] = bool(lib.nalu_rng_isa())
-            except Exception as e:  # no compiler, read-only disk, exotic platform: torch ops
-                _lib_state["error"] = repr(e)
-                warnings.warn(f"service.rng: native CPU kernel unavailable, using torch ops ({e})", RuntimeWarning)
-                fn = None
-            _lib_state["fn"] = fn
+    _lib()
     return _lib_state["fn"]
 
 
 @torch.compiler.assume_constant_result
 def native_available() -> bool:
     """Whether CPU draws use the compiled C kernel (builds it on first use)."""
-    return _native_fn() is not None
+    return _lib() is not None
 
 
 def _fill_native(out: torch.Tensor, keys: torch.Tensor, counter: int, n: int) -> None:
@@ -317,6 +400,72 @@ def _rng_uniform_op(keys: torch.Tensor, counter: torch.Tensor, n: int) -> torch.
 @_rng_uniform_op.register_fake
 def _(keys: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
     return keys.new_empty((keys.shape[0], n), dtype=torch.float32)
+
+
+# -- intervals and row sums -------------------------------------------------------------------
+Intervals = tuple[tuple[float, float], ...]
+
+
+def _interval_constants(intervals: Intervals) -> tuple[float, list[float], list[float]]:
+    """(total length, lower ends, start offsets) as the float32 values the maps use."""
+    lengths = [hi - lo for lo, hi in intervals]
+    offsets, acc = [0.0], 0.0
+    for length in lengths[:-1]:
+        acc += length
+        offsets.append(acc)
+    return sum(lengths), [lo for lo, _ in intervals], offsets
+
+
+def map_to_intervals(u: torch.Tensor, intervals: Intervals) -> torch.Tensor:
+    """Map U[0, 1) numbers onto a union of disjoint intervals ``((lo, hi), ...)``, each
+    getting its share of the total length: ``s = u · Σ lengths``, ``x = s + lo_0``, and
+    ``x = (s − offset_k) + lo_k`` where ``s ≥ offset_k`` (``offset_k`` = the lengths before
+    interval k). The native `sample` computes exactly these float operations."""
+    if len(intervals) == 1:
+        lo, hi = intervals[0]
+        return u * (hi - lo) + lo
+    total, lows, offsets = _interval_constants(intervals)
+    s = u * total
+    out = s + lows[0]
+    for lo, offset in zip(lows[1:], offsets[1:]):
+        out = torch.where(s >= offset, s - offset + lo, out)
+    return out
+
+
+def _sample_native(x: torch.Tensor, sums: torch.Tensor, keys: torch.Tensor, counter: int,
+                   intervals: Intervals, ranges: tuple[tuple[int, int], ...]) -> None:
+    cols = x.shape[-1]
+    rows = x[0].numel() // cols
+    total, lows, offsets = _interval_constants(intervals)
+    lo_arr = (ctypes.c_float * len(lows))(*lows)
+    off_arr = (ctypes.c_float * len(offsets))(*offsets)
+    k = len(ranges)
+    starts = (ctypes.c_int64 * max(k, 1))(*[a for a, _ in ranges])
+    ends = (ctypes.c_int64 * max(k, 1))(*[e for _, e in ranges])
+    keys = keys.to(torch.int64).contiguous()
+    if len(lows) > _MAX_INTERVALS:
+        raise ValueError(f"sample: at most {_MAX_INTERVALS} intervals")
+    _lib().nalu_rng_sample(
+        x.data_ptr(), keys.data_ptr(), keys.numel(), int(counter), rows, cols,
+        len(lows), ctypes.addressof(lo_arr), ctypes.addressof(off_arr), total,
+        sums.data_ptr() if k else None, k, ctypes.addressof(starts), ctypes.addressof(ends),
+    )
+
+
+@torch.library.custom_op("nalu_sweep::rng_sample", mutates_args=(), device_types="cpu")
+def _rng_sample_op(keys: torch.Tensor, counter: torch.Tensor, rows: int, cols: int,
+                   lows: list[float], highs: list[float], starts: list[int], ends: list[int]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    x = torch.empty(keys.shape[0], rows, cols, dtype=torch.float32)
+    sums = torch.empty(keys.shape[0], rows, len(starts), dtype=torch.float32)
+    _sample_native(x, sums, keys, int(counter), tuple(zip(lows, highs)), tuple(zip(starts, ends)))
+    return x, sums
+
+
+@_rng_sample_op.register_fake
+def _(keys, counter, rows, cols, lows, highs, starts, ends):
+    return (keys.new_empty((keys.shape[0], rows, cols), dtype=torch.float32),
+            keys.new_empty((keys.shape[0], rows, len(starts)), dtype=torch.float32))
 
 
 # -- public API ------------------------------------------------------------------------------
@@ -363,3 +512,65 @@ def uniform_into(out: torch.Tensor, keys: torch.Tensor, counter: torch.Tensor | 
         return out
     out.copy_(uniform(keys, counter, tuple(out.shape[1:])))
     return out
+
+
+def sample(
+    keys: torch.Tensor,
+    counter: torch.Tensor | int,
+    shape: tuple[int, ...],
+    intervals: Intervals = ((0.0, 1.0),),
+    row_sums: tuple[tuple[int, int], ...] = (),
+    out: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x = map_to_intervals(uniform(keys, counter, shape), intervals)`` (bit-for-bit) and the
+    sums of runs of its last dimension: ``sums[..., j] = x[..., a_j:e_j].sum(-1)`` for
+    ``row_sums = ((a_0, e_0), ...)``, shape ``[S, *shape[:-1], len(row_sums)]``.
+
+    The native CPU kernel writes x and its sums in one pass (no U[0, 1) temporary, the sums
+    while each row is in cache; the sums are float32 in the kernel's own order, so they may
+    differ from torch's ``sum`` in the last bits). ``out = (x, sums)``: contiguous float32
+    buffers to fill instead of allocating (eager only; ignored when compiling or off CPU).
+    """
+    shape = tuple(int(d) for d in shape)
+    intervals = tuple((float(lo), float(hi)) for lo, hi in intervals)
+    row_sums = tuple((int(a), int(e)) for a, e in row_sums)
+    if not shape:
+        raise ValueError("sample: shape needs at least one dimension (the row)")
+    cols = shape[-1]
+    for a, e in row_sums:
+        if not 0 <= a < e <= cols:
+            raise ValueError(f"sample: row sum range [{a}, {e}) is not inside rows of {cols}")
+    n = _numel(shape)
+    if n >= 1 << 31:
+        raise ValueError(f"sample: {n} numbers per seed is more than the 2**31 one stream holds")
+    S = keys.shape[0]
+    rows = n // cols if cols else 0
+    sums_shape = (S, *shape[:-1], len(row_sums))
+    if keys.device.type == "cpu" and S > 0 and n > 0 and native_available():
+        if torch.compiler.is_compiling():
+            c = torch.as_tensor(counter, dtype=torch.int64)
+            x, sums = torch.ops.nalu_sweep.rng_sample(
+                keys, c, rows, cols, [lo for lo, _ in intervals], [hi for _, hi in intervals],
+                [a for a, _ in row_sums], [e for _, e in row_sums])
+            return x.view(S, *shape), sums.view(sums_shape)
+        if out is not None and _usable_buffers(out, (S, *shape), sums_shape):
+            x, sums = out
+        else:
+            x = torch.empty((S, *shape), dtype=torch.float32)
+            sums = torch.empty(sums_shape, dtype=torch.float32)
+        _sample_native(x, sums, keys, int(counter), intervals, row_sums)
+        return x, sums
+    x = map_to_intervals(uniform(keys, counter, shape), intervals)
+    if row_sums:
+        sums = torch.stack([x[..., a:e].sum(-1) for a, e in row_sums], -1)
+    else:
+        sums = x.new_empty(sums_shape)
+    return x, sums
+
+
+def _usable_buffers(out: tuple[torch.Tensor, torch.Tensor], x_shape: tuple[int, ...],
+                    sums_shape: tuple[int, ...]) -> bool:
+    return all(
+        b.device.type == "cpu" and b.dtype == torch.float32 and b.is_contiguous() and tuple(b.shape) == shape
+        for b, shape in zip(out, (x_shape, sums_shape))
+    )

@@ -65,12 +65,12 @@ def test_missing_config_file_is_a_clear_error():
 
 def test_entry_point_runs_as_a_real_process(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "run", "--units", "nau,nmu", "--operation", "mul",
+        [sys.executable, "-m", "service", "run", "--units", "nau,nmu", "--operation", "mul",
          "--output", str(tmp_path / "r.json"), *TINY],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr
-    bad = subprocess.run([sys.executable, "-m", "service.cli", "run", "--units", "bogus"],
+    bad = subprocess.run([sys.executable, "-m", "service", "run", "--units", "bogus"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert "valid units" in bad.stderr and "Traceback" not in bad.stderr

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from service import rng
+
 _INTERVAL = re.compile(r"U?\[\s*([-+0-9.eE]+)\s*,\s*([-+0-9.eE]+)\s*\]")
 
 
@@ -72,18 +74,9 @@ class Range(BaseModel):
         return self.low < 0.0
 
     def from_uniform(self, u: torch.Tensor) -> torch.Tensor:
-        """Map U[0,1) numbers onto the range, keeping each interval's share of the length."""
-        if len(self.intervals) == 1:
-            lo, hi = self.intervals[0]
-            return u * (hi - lo) + lo
-        lengths = [hi - lo for lo, hi in self.intervals]
-        s = u * sum(lengths)
-        out = s + self.intervals[0][0]
-        offset = lengths[0]
-        for (lo, _), length in zip(self.intervals[1:], lengths[1:]):
-            out = torch.where(s >= offset, s - offset + lo, out)
-            offset += length
-        return out
+        """Map U[0,1) numbers onto the range, keeping each interval's share of the length
+        (`service.rng.map_to_intervals`; `service.rng.sample` draws and maps in one pass)."""
+        return rng.map_to_intervals(u, self.intervals)
 
     def sample(self, shape: tuple[int, ...], generator: torch.Generator,
                dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -1,0 +1,273 @@
+"""The sweep verbs of `nalu-sweep`: ``sweep``, ``status``, ``best`` and ``ui``.
+
+Registered on the `service.cli` app; heavy imports (Ray, MLflow) happen inside the verbs.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from service.cli import app, console, fail
+from service.errors import UserError
+
+TRACKING_HELP = ("MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the "
+                 "working directory).")
+
+
+def _tracking_uri(option: Optional[str], must_exist: bool) -> str:
+    from service.tracking.store import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(option)
+    if must_exist and uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///"))
+        if not path.is_file():
+            raise UserError(f"no tracking store at {path}: run a sweep here first, or pass --tracking-uri")
+    return uri
+
+
+def _client(uri: str):
+    from service.tracking.store import client
+
+    return client(uri)
+
+
+def _fmt(value: Optional[float], spec: str = ".3g") -> str:
+    return "—" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def _success(metrics: dict[str, float]) -> str:
+    """``3/4 [0.30, 0.95]``: successful seeds and the 95% Wilson interval of the rate."""
+    if "success_rate" not in metrics:
+        return "—"
+    if "successes" in metrics and "n_seeds" in metrics:
+        text = f"{int(metrics['successes'])}/{int(metrics['n_seeds'])}"
+    else:
+        text = f"{metrics['success_rate']:.0%}"
+    if "success_ci_low" in metrics and "success_ci_high" in metrics:
+        text += f" [{metrics['success_ci_low']:.2f}, {metrics['success_ci_high']:.2f}]"
+    return text
+
+
+def _print(renderable) -> None:
+    """Tables at full width when the output is a file or pipe (no terminal to fit)."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    width = console.width
+    console.width = max(width, 200)
+    try:
+        console.print(renderable)
+    finally:
+        console.width = width
+
+
+def _param_cell(value: Optional[str]) -> str:
+    """A logged parameter for a table: numbers to 3 significant digits, text as is."""
+    if value is None:
+        return "—"
+    try:
+        return _fmt(float(value)) if any(ch.isdigit() for ch in value) else value
+    except ValueError:
+        return value
+
+
+def best_table(view, top: int, include_pruned: bool = False) -> Table:
+    """The robust settings of a sweep: parameters, success rate [95% CI], solved_at,
+    sparsity error, ranked by the objective (the CI's lower end, then tie-breakers)."""
+    rows = view.ranked(include_pruned)[:top]
+    table = Table(title=f"sweep {view.name}: top {len(rows)} by success_ci_low "
+                        f"(lower end of the 95% Wilson interval)")
+    table.add_column("#", justify="right")
+    table.add_column("trial")
+    names = view.searched or sorted({k for r in rows for k in r.params if not k.startswith("task.")
+                                     and k not in ("seeds", "steps", "eval_every")})
+    for name in names:
+        table.add_column(name)
+    for col in ("success [95% CI]", "solved_at median", "sparsity error mean", "diverged", "objective"):
+        table.add_column(col, justify="right")
+    if include_pruned:
+        table.add_column("outcome")
+    for i, r in enumerate(rows, 1):
+        m = r.metrics
+        params = [_param_cell(r.params.get(n)) for n in names]
+        cells = [str(i), r.name, *params, _success(m), _fmt(m.get("solved_at_median"), ".0f"),
+                 _fmt(m.get("sparsity_error_mean")), _fmt(m.get("diverged"), ".0f"),
+                 _fmt(r.objective, ".4f")]
+        if include_pruned:
+            cells.append(r.outcome)
+        table.add_row(*cells)
+    return table
+
+
+@app.command()
+def sweep(
+    space_file: Path = typer.Argument(..., help="Search space YAML (see search_spaces/)."),
+    trials: Optional[int] = typer.Option(None, help="Number of trials (default: the file's)."),
+    seeds: Optional[int] = typer.Option(None, help="Training seeds per trial (default: the file's)."),
+    steps: Optional[int] = typer.Option(None, help="Training steps per seed (default: the file's)."),
+    eval_every: Optional[int] = typer.Option(None, help="Evaluate and report every k steps (default: the file's)."),
+    concurrency: Optional[int] = typer.Option(None, help="Trials running at once (default: the file's)."),
+    cpus_per_trial: Optional[float] = typer.Option(None, help="CPUs reserved per trial (torch uses as many threads)."),
+    gpus_per_trial: Optional[float] = typer.Option(None, help="GPUs per trial; fractions share a GPU, e.g. 0.25."),
+    name: Optional[str] = typer.Option(None, help="Sweep name: MLflow experiment and Ray experiment directory (default: the file's 'name')."),
+    address: Optional[str] = typer.Option(None, help="Ray cluster to connect to (default: start a local Ray)."),
+    tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
+    storage_path: Optional[str] = typer.Option(None, help="Ray Tune storage: a shared directory or s3:// URI (default: ./runs)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep of the same name."),
+    verbose: bool = typer.Option(False, "--verbose", help="Show Ray's worker logs."),
+) -> None:
+    """Search a space: Ray Tune runs the trials, Optuna (TPE) picks them, ASHA stops hopeless
+    ones early, and MLflow records one parent run with one child run per trial.
+
+    Each trial trains S seeds of one setting; the objective is the lower end of the 95%
+    Wilson interval of its success rate.
+    """
+    from service.search.space import load_space
+
+    try:
+        space = load_space(space_file).with_overrides(
+            f"{space_file} with the command-line options",
+            trials=trials, seeds=seeds, steps=steps, eval_every=eval_every, concurrency=concurrency,
+            cpus=cpus_per_trial, gpus=gpus_per_trial,
+        )
+        sweep_name = name or space.name
+        if not sweep_name or not all(c.isalnum() or c in "_-." for c in sweep_name):
+            raise UserError(f"--name {sweep_name!r}: letters, digits, '_', '-' and '.' only")
+        from service.search.tune_runner import SweepOptions, resolve_storage_path, run_sweep
+
+        options = SweepOptions(
+            name=sweep_name, tracking_uri=_tracking_uri(tracking_uri, must_exist=False),
+            storage_path=resolve_storage_path(storage_path), space_file=space_file.resolve(),
+            address=address, resume=resume, verbose=verbose,
+        )
+        console.print(f"sweep [bold]{sweep_name}[/]: {space.trials} trials × {space.seeds} seeds × "
+                      f"{space.steps} steps, {space.concurrency} at a time; tracking {options.tracking_uri}",
+                      highlight=False)
+        summary = run_sweep(space, options, console)
+    except UserError as e:
+        fail(str(e))
+    c = summary.trials
+    console.print(f"sweep [bold]{summary.name}[/] {summary.outcome}: {c.get('completed', 0)} completed, "
+                  f"{c.get('pruned', 0)} pruned, {c.get('failed', 0)} failed, "
+                  f"{c.get('interrupted', 0)} interrupted", highlight=False)
+    from service.tracking.queries import load_sweep
+
+    view = load_sweep(_client(summary.tracking_uri), summary.name)
+    if view is not None and view.ranked():
+        _print(best_table(view, top=5))
+    console.print(f"details: [bold]nalu-sweep best {summary.name}[/], or browse with [bold]nalu-sweep ui[/]",
+                  highlight=False)
+    if summary.outcome != "completed":
+        console.print(f"continue with: nalu-sweep sweep {space_file} --resume --name {summary.name}",
+                      highlight=False)
+        raise typer.Exit(1)
+
+
+@app.command()
+def status(
+    name: Optional[str] = typer.Argument(None, help="A sweep name (default: list every sweep)."),
+    tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
+) -> None:
+    """Trials done / running / pruned / failed and the best objective so far."""
+    from service.tracking.queries import list_sweeps, load_sweep
+
+    try:
+        uri = _tracking_uri(tracking_uri, must_exist=True)
+        client = _client(uri)
+        views = [load_sweep(client, name)] if name else list_sweeps(client)
+        if name and views[0] is None:
+            known = ", ".join(v.name for v in list_sweeps(client)) or "(none)"
+            raise UserError(f"no sweep named {name!r} in {uri}; sweeps: {known}")
+    except UserError as e:
+        fail(str(e))
+    if not views:
+        console.print(f"no sweeps in {uri}")
+        return
+    table = Table(title=f"sweeps in {uri}")
+    for col in ("sweep", "state", "started", "finished/planned", "running", "completed", "pruned", "failed",
+                "interrupted", "best objective", "best success [95% CI]"):
+        table.add_column(col, justify="left" if col in ("sweep", "state") else "right")
+    for v in views:
+        c = v.counts()
+        ranked = v.ranked()
+        top = ranked[0] if ranked else None
+        started = datetime.fromtimestamp(v.start_time / 1000).strftime("%Y-%m-%d %H:%M") if v.start_time else "—"
+        finished = c["completed"] + c["pruned"] + c["failed"]
+        table.add_row(v.name, v.outcome or v.status.lower(), started, f"{finished}/{v.planned_trials or '?'}",
+                      str(c["running"]), str(c["completed"]), str(c["pruned"]), str(c["failed"]),
+                      str(c["interrupted"]), _fmt(top.objective if top else None, ".4f"),
+                      _success(top.metrics) if top else "—")
+    _print(table)
+    if name:
+        v = views[0]
+        trials = Table(title=f"trials of {v.name}")
+        for col in ("trial", "outcome", "status", "objective", "success [95% CI]"):
+            trials.add_column(col)
+        for t in v.trials:
+            trials.add_row(t.name, t.outcome, t.status, _fmt(t.objective, ".4f"), _success(t.metrics))
+        _print(trials)
+
+
+@app.command()
+def best(
+    name: str = typer.Argument(..., help="The sweep name."),
+    top: int = typer.Option(10, min=1, help="How many settings to show."),
+    include_pruned: bool = typer.Option(False, "--include-pruned", help="Also rank trials ASHA stopped early."),
+    tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
+) -> None:
+    """The most robust settings of a sweep: parameters, success rate with its 95% CI,
+    median solved_at and mean sparsity error, best first."""
+    from service.tracking.queries import list_sweeps, load_sweep
+
+    try:
+        uri = _tracking_uri(tracking_uri, must_exist=True)
+        client = _client(uri)
+        view = load_sweep(client, name)
+        if view is None:
+            known = ", ".join(v.name for v in list_sweeps(client)) or "(none)"
+            raise UserError(f"no sweep named {name!r} in {uri}; sweeps: {known}")
+    except UserError as e:
+        fail(str(e))
+    if not view.ranked(include_pruned):
+        c = view.counts()
+        console.print(f"sweep {name}: no finished trial yet ({c['running']} running, {c['pruned']} pruned, "
+                      f"{c['failed']} failed)")
+        return
+    _print(best_table(view, top, include_pruned))
+
+
+@app.command()
+def ui(
+    tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
+    host: str = typer.Option("127.0.0.1", help="Address to bind (local only by default)."),
+    port: int = typer.Option(5000, min=1, max=65535, help="Port to serve on."),
+) -> None:
+    """Start `mlflow ui` on the configured tracking store and print its URL (Ctrl-C stops it)."""
+    from service.tracking.store import artifact_root
+
+    try:
+        uri = _tracking_uri(tracking_uri, must_exist=True)
+    except UserError as e:
+        fail(str(e))
+    if uri.startswith(("http://", "https://")):
+        console.print(f"the tracking store is an MLflow server: open {uri}")
+        return
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    root = artifact_root(uri)
+    if root:
+        cmd += ["--default-artifact-root", root]
+    console.print(f"MLflow UI for {uri}: [bold]http://{host}:{port}[/] (Ctrl-C to stop)", highlight=False)
+    try:
+        proc = subprocess.run(cmd, check=False)
+    except KeyboardInterrupt:
+        return
+    if proc.returncode not in (0, -2, 130):
+        fail(f"mlflow ui exited with code {proc.returncode} (is port {port} in use? try --port)", code=1)

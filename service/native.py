@@ -1,0 +1,104 @@
+"""Small C kernels compiled once with the system C compiler and loaded through ctypes.
+
+`build(name, source)` compiles ``source`` (plain C; AVX2/FMA paths are selected at run
+time with ``__attribute__((target(...)))``, never with ``-march=native``, so one cached
+library works on every x86-64 CPU) into ``<cache>/<name>-<hash>.so`` and loads it. The
+cache is ``$NALU_SWEEP_CACHE`` or ``~/.cache/nalu-sweep`` (a temporary directory when that
+is not writable); the hash covers the source, the compiler and the flags, so an edited
+kernel is rebuilt and concurrent builders never see a partial file (atomic rename).
+
+`load(name, source, setup)` does that once per process, thread-safely, and returns
+``setup(lib)`` or ``None`` (with one ``RuntimeWarning``) when no library can be had: no
+compiler, a read-only disk, Windows, or ``NALU_SWEEP_NATIVE=0``. Callers then use their
+torch-ops path, which gives the same numbers (the rng) or the same maths (linear layers).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from typing import Callable, TypeVar
+
+__all__ = ["build", "load", "cache_dir", "ENV_NATIVE"]
+
+ENV_NATIVE = "NALU_SWEEP_NATIVE"  # "0" turns every native kernel off
+ENV_CACHE = "NALU_SWEEP_CACHE"  # where compiled kernels are kept
+_FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off"]  # no FMA contraction: exact float ops
+
+T = TypeVar("T")
+_lock = threading.Lock()
+_loaded: dict[str, object] = {}
+errors: dict[str, str] = {}
+"""Why a library could not be had, by name (for diagnostics)."""
+
+
+def cache_dir() -> str:
+    base = os.environ.get(ENV_CACHE)
+    if not base:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(xdg, "nalu-sweep")
+    try:
+        os.makedirs(base, exist_ok=True)
+        if os.access(base, os.W_OK):
+            return base
+    except OSError:
+        pass
+    uid = os.getuid() if hasattr(os, "getuid") else "user"
+    base = os.path.join(tempfile.gettempdir(), f"nalu-sweep-{uid}")
+    os.makedirs(base, exist_ok=True)
+    return base
+
+
+def build(name: str, source: str) -> ctypes.CDLL:
+    """Compile ``source`` into the cache (once) and load it; raises when that fails."""
+    if sys.platform == "win32":
+        raise RuntimeError("native kernels are built with a Unix C compiler only")
+    cc = shlex.split(os.environ.get("CC") or "") or [shutil.which("cc") or shutil.which("gcc") or "gcc"]
+    if not shutil.which(cc[0]):
+        raise RuntimeError(f"no C compiler {cc[0]!r} found (set CC)")
+    tag = hashlib.sha256("\0".join([source, *cc, *_FLAGS, platform.machine()]).encode()).hexdigest()[:16]
+    d = cache_dir()
+    so = os.path.join(d, f"{name}-{tag}.so")
+    if not os.path.exists(so):
+        fd, src = tempfile.mkstemp(suffix=".c", dir=d)
+        tmp_so = src[:-2] + ".so"
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(source)
+            proc = subprocess.run([*cc, *_FLAGS, src, "-o", tmp_so], capture_output=True, text=True, timeout=120)
+            if proc.returncode != 0:
+                raise RuntimeError(f"{cc[0]} failed: {proc.stderr.strip()[-2000:]}")
+            os.replace(tmp_so, so)  # atomic: concurrent builders never see a partial file
+        finally:
+            for p in (src, tmp_so):
+                if os.path.exists(p):
+                    os.unlink(p)
+    return ctypes.CDLL(so)
+
+
+def load(name: str, source: str, setup: Callable[[ctypes.CDLL], T], env: str | None = None) -> T | None:
+    """``setup(build(name, source))``, once per process; ``None`` (and one warning) when the
+    library cannot be built or loaded, or when ``NALU_SWEEP_NATIVE`` (or ``env``) is "0"."""
+    if name in _loaded:
+        return _loaded[name]  # type: ignore[return-value]
+    with _lock:
+        if name not in _loaded:
+            value = None
+            try:
+                if os.environ.get(ENV_NATIVE, "1") != "0" and (env is None or os.environ.get(env, "1") != "0"):
+                    value = setup(build(name, source))
+            except Exception as e:  # no compiler, read-only disk, exotic platform: torch ops
+                errors[name] = repr(e)
+                warnings.warn(f"service.native: {name} kernel unavailable, using torch ops ({e})", RuntimeWarning)
+                value = None
+            _loaded[name] = value
+    return _loaded[name]  # type: ignore[return-value]

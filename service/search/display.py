@@ -1,0 +1,195 @@
+"""Live progress of a sweep in the terminal: a rich table fed by a Tune callback.
+
+Ray 2.60 ignores custom progress reporters, so the driver-side `LiveProgress` callback
+receives Tune's trial events and redraws a `SweepBoard`. The callback is pickled into Tune's
+experiment state; it pickles as a name only and finds the board of the running process
+again (`register_board`), so a restored sweep shows its progress on the new terminal.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+from ray.tune import Callback
+
+from service.search.objective import OBJECTIVE
+from service.search.trial import STEP
+
+_BOARDS: dict[str, "SweepBoard"] = {}
+MAX_ROWS = 16
+
+
+@dataclass
+class TrialLine:
+    name: str
+    params: dict[str, Any]
+    state: str = "pending"
+    step: int = 0
+    objective: float | None = None
+    successes: int | None = None
+    n_seeds: int | None = None
+    ci: tuple[float, float] | None = None
+    last_result: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+
+
+def _fmt_param(value: Any) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.3g}"
+    return str(value)
+
+
+class SweepBoard:
+    """The state of a running sweep and its rich rendering."""
+
+    def __init__(self, sweep: str, total_trials: int, total_steps: int, console: Console | None = None,
+                 live: bool = True) -> None:
+        self.sweep = sweep
+        self.total_trials = total_trials
+        self.total_steps = total_steps
+        self.console = console or Console()
+        self.trials: dict[str, TrialLine] = {}
+        self.started = time.monotonic()
+        self._live: Live | None = None
+        self._use_live = live and self.console.is_terminal
+
+    # -- events ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._use_live and self._live is None:
+            self._live = Live(self, console=self.console, refresh_per_second=2, transient=False)
+            self._live.start()
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.refresh()
+            self._live.stop()
+            self._live = None
+
+    def trial_started(self, trial_id: str, params: dict[str, Any]) -> None:
+        line = self.trials.setdefault(trial_id, TrialLine(trial_id, dict(params)))
+        line.state = "running"
+        self._refresh()
+
+    def trial_result(self, trial_id: str, params: dict[str, Any], result: dict[str, Any]) -> None:
+        line = self.trials.setdefault(trial_id, TrialLine(trial_id, dict(params)))
+        line.state = "running"
+        line.last_result = dict(result)
+        line.step = int(result.get(STEP, line.step) or 0)
+        line.objective = result.get(OBJECTIVE, line.objective)
+        if "successes" in result and "n_seeds" in result:
+            line.successes, line.n_seeds = int(result["successes"]), int(result["n_seeds"])
+        if "success_ci_low" in result and "success_ci_high" in result:
+            line.ci = (float(result["success_ci_low"]), float(result["success_ci_high"]))
+        self._refresh()
+
+    def trial_finished(self, trial_id: str, params: dict[str, Any], error: bool = False) -> None:
+        line = self.trials.setdefault(trial_id, TrialLine(trial_id, dict(params)))
+        if error:
+            line.state = "failed"
+        else:
+            line.state = "done" if line.step >= self.total_steps else "pruned"
+        if self._live is None and self.console is not None and not self._use_live:
+            self.console.print(self._line_text(line), highlight=False)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        if self._live is not None:
+            self._live.refresh()
+
+    def __rich__(self) -> Group:
+        """Rendered afresh at every refresh of the live display (the clock keeps going)."""
+        return self.render()
+
+    # -- rendering --------------------------------------------------------------------------
+    def counts(self) -> dict[str, int]:
+        out = {"running": 0, "done": 0, "pruned": 0, "failed": 0}
+        for line in self.trials.values():
+            out[line.state] = out.get(line.state, 0) + 1
+        return out
+
+    def best(self) -> TrialLine | None:
+        done = [t for t in self.trials.values() if t.state == "done" and t.objective is not None]
+        return max(done, key=lambda t: t.objective) if done else None
+
+    def _line_text(self, line: TrialLine) -> str:
+        rate = f"{line.successes}/{line.n_seeds}" if line.successes is not None else "—"
+        obj = f"{line.objective:.3f}" if line.objective is not None else "—"
+        params = ", ".join(f"{k}={_fmt_param(v)}" for k, v in line.params.items())
+        return f"{self.sweep} {line.name}: {line.state} at step {line.step}, objective {obj}, success {rate}  {params}"
+
+    def render(self) -> Group:
+        c = self.counts()
+        elapsed = time.monotonic() - self.started
+        best = self.best()
+        head = Text.assemble(
+            (f"sweep {self.sweep}", "bold"),
+            f"  {c['done'] + c['pruned'] + c['failed']}/{self.total_trials} finished"
+            f" · {c['running']} running · {c['pruned']} pruned · {c['failed']} failed"
+            f" · {elapsed:.0f} s",
+            (f"  best {best.objective:.3f} ({best.name})" if best else "", "green"),
+        )
+        table = Table(show_edge=False, pad_edge=False, box=None)
+        for col in ("trial", "state", "progress", "objective", "success [95% CI]", "parameters"):
+            table.add_column(col, overflow="fold")
+        lines = sorted(self.trials.values(), key=lambda t: t.started)[-MAX_ROWS:]
+        for t in lines:
+            progress = f"{100 * min(1.0, t.step / max(1, self.total_steps)):.0f}%"
+            success = "—"
+            if t.successes is not None:
+                success = f"{t.successes}/{t.n_seeds}"
+                if t.ci:
+                    success += f" [{t.ci[0]:.2f}, {t.ci[1]:.2f}]"
+            style = {"done": "green", "pruned": "yellow", "failed": "red"}.get(t.state, "")
+            table.add_row(t.name, Text(t.state, style=style), progress,
+                          f"{t.objective:.3f}" if t.objective is not None else "—", success,
+                          ", ".join(f"{k}={_fmt_param(v)}" for k, v in t.params.items()))
+        return Group(head, table)
+
+
+def register_board(board: SweepBoard) -> None:
+    _BOARDS[board.sweep] = board
+
+
+def unregister_board(board: SweepBoard) -> None:
+    if _BOARDS.get(board.sweep) is board:
+        del _BOARDS[board.sweep]
+
+
+class LiveProgress(Callback):
+    """Tune callback (driver side) that forwards trial events to the registered board."""
+
+    def __init__(self, sweep: str) -> None:
+        self.sweep = sweep
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"sweep": self.sweep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.sweep = state["sweep"]
+
+    @property
+    def board(self) -> SweepBoard | None:
+        return _BOARDS.get(self.sweep)
+
+    def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self.board:
+            self.board.trial_started(trial.trial_id, trial.config)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        if self.board:
+            self.board.trial_result(trial.trial_id, trial.config, result)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self.board:
+            self.board.trial_finished(trial.trial_id, trial.config)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        if self.board:
+            self.board.trial_finished(trial.trial_id, trial.config, error=True)

@@ -1,0 +1,77 @@
+"""Optuna define-by-run over a `SearchSpace`, and the mapping of a trial onto run configs.
+
+Parameters are suggested in dependency order; a conditional parameter is only suggested
+(and so only exists in the trial) when its ``when`` holds for the values already drawn.
+The flat ``{name: value}`` of a trial becomes one `RunConfig` per task through each
+parameter's target paths (`service.search.space.run_config_data`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from service.config import RunConfig
+from service.search.space import (
+    CategoricalParam, IntParam, LogUniformParam, SearchSpace, UniformParam, run_config_data,
+)
+
+
+def suggest_value(trial: optuna.Trial, name: str, param: Any) -> Any:
+    """One parameter's value from Optuna, by distribution."""
+    if isinstance(param, LogUniformParam):
+        return trial.suggest_float(name, param.low, param.high, log=True)
+    if isinstance(param, UniformParam):
+        return trial.suggest_float(name, param.low, param.high, step=param.step)
+    if isinstance(param, IntParam):
+        return trial.suggest_int(name, param.low, param.high, step=param.step, log=param.log)
+    if isinstance(param, CategoricalParam):
+        return trial.suggest_categorical(name, param.labels)
+    raise TypeError(f"unknown parameter type {type(param).__name__}")
+
+
+def suggest_params(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
+    """Define-by-run: the trial's active parameters ``{name: value}``, in dependency order."""
+    values: dict[str, Any] = {}
+    for name in space.order():
+        param = space.params[name]
+        if param.active(values):
+            values[name] = suggest_value(trial, name, param)
+    return values
+
+
+def active_params(space: SearchSpace, values: dict[str, Any]) -> dict[str, Any]:
+    """Drop values whose condition does not hold (e.g. a config edited by hand)."""
+    out: dict[str, Any] = {}
+    for name in space.order():
+        if name in values and space.params[name].active(out):
+            out[name] = values[name]
+    return out
+
+
+def run_configs(space: SearchSpace, params: dict[str, Any]) -> dict[str, RunConfig]:
+    """``{task name: RunConfig}`` of a trial whose searched values are ``params``."""
+    params = active_params(space, params)
+    return {
+        name: RunConfig.model_validate(run_config_data(space, params, name))
+        for name in space.task_configs()
+    }
+
+
+def suggest(trial: optuna.Trial, space: SearchSpace) -> RunConfig:
+    """Suggest one trial and return the run config of its first task."""
+    configs = run_configs(space, suggest_params(trial, space))
+    return next(iter(configs.values()))
+
+
+class DefineByRun:
+    """A picklable define-by-run function for `ray.tune.search.optuna.OptunaSearch`: the
+    values suggested through ``trial`` become the Tune trial's config."""
+
+    def __init__(self, space: SearchSpace) -> None:
+        self.space = space
+
+    def __call__(self, trial: optuna.Trial) -> None:
+        suggest_params(trial, self.space)
+        return None

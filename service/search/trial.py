@@ -1,0 +1,175 @@
+"""One trial: train a setting on every task of the space, report as it goes, log the end.
+
+Independent of Ray: ``report`` is `ray.tune.report` inside a sweep, or any callable in
+tests. Each evaluation after step 0 is reported with the objective of the partial
+history, so ASHA can stop hopeless settings early. The last report of the trial happens
+only after its final metrics and artifacts are logged, because ASHA stops a trial by
+raising inside ``report`` (even at ``max_t``): code after it may never run.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from service.metrics import AggregateMetrics, aggregate, per_seed_metrics
+from service.search.objective import OBJECTIVE, metrics_of, objective_value
+from service.search.space import SearchSpace
+from service.search.suggest import active_params, run_configs
+from service.training import EvalReport, Trainer
+from service.training.result import RunResult
+
+STEP = "step"
+"""Reported with every result: training steps done by the trial (summed over its tasks)."""
+
+
+_METRIC_FIELDS = frozenset(AggregateMetrics.model_fields) | {OBJECTIVE}
+
+
+def is_metric_key(key: str) -> bool:
+    """True for the keys `run_trial` reports (``success_rate``, ``objective``,
+    ``extrapolation_mse_median.<range>``, ``<task>.<metric>``), not Tune's own."""
+    return any(c.split(".")[0] in _METRIC_FIELDS for c in (key, key.partition(".")[2]) if c)
+
+
+class Tracker(Protocol):
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+    def log_artifact_dir(self, directory: Path, artifact_path: str | None = None) -> None: ...
+    def set_tags(self, tags: dict[str, str]) -> None: ...
+    def close(self, outcome: str) -> None: ...
+
+
+@dataclass
+class TrialProgress:
+    """What the caller needs to close the trial correctly if ``report`` raises."""
+
+    completed: bool = False
+    reports: int = 0
+    results: dict[str, RunResult] = field(default_factory=dict)
+    final_metrics: dict[str, float] = field(default_factory=dict)
+
+
+def task_params(space: SearchSpace) -> dict[str, Any]:
+    """The task parameters logged with each trial (``task.*``; ``task.<name>.*`` for
+    several tasks), plus seeds/steps/eval_every, which a success rate needs to be read."""
+    from service.tasks import parse_task
+
+    out: dict[str, Any] = {}
+    tasks = space.task_configs()
+    for name, data in tasks.items():
+        prefix = "task." if len(tasks) == 1 else f"task.{name}."
+        task = parse_task(data)
+        for key, value in task:
+            if isinstance(value, dict):
+                for sub, v in value.items():
+                    out[f"{prefix}{key}.{sub}"] = str(v)
+            else:
+                out[f"{prefix}{key}"] = str(value) if not isinstance(value, (int, float, str, bool)) else value
+        out[f"{prefix}kind"] = task.kind
+    out.update(seeds=space.seeds, steps=space.steps, eval_every=space.eval_every)
+    return out
+
+
+def partial_aggregate(trainer: Trainer, report: EvalReport) -> AggregateMetrics:
+    """Aggregate metrics of the history so far (the current weights' sparsity error)."""
+    try:
+        sparsity = trainer.model.sparsity_error().detach().cpu().numpy()
+    except Exception:  # noqa: BLE001 - a tie-breaker only; never fail the trial for it
+        sparsity = np.full(trainer.num_seeds, np.nan)
+    seeds = per_seed_metrics(report.history, trainer.thresholds, sparsity, report.diverged,
+                             None, trainer.seed_ids)
+    return aggregate(seeds)
+
+
+def _combined(per_task: dict[str, tuple[float, AggregateMetrics]]) -> dict[str, float]:
+    """Objective = the worst task's; unprefixed metrics are that task's; with several tasks
+    each task's metrics are also given as ``<task>.<metric>``."""
+    worst = min(per_task, key=lambda n: per_task[n][0])
+    value, agg = per_task[worst]
+    metrics = {OBJECTIVE: value, **metrics_of(agg)}
+    if len(per_task) > 1:
+        for name, (v, a) in per_task.items():
+            metrics[f"{name}.{OBJECTIVE}"] = v
+            metrics.update(metrics_of(a, prefix=f"{name}."))
+    return metrics
+
+
+def run_trial(
+    params: dict[str, Any],
+    space: SearchSpace,
+    report: Callable[[dict[str, float]], None],
+    tracker: Tracker | None = None,
+    progress: TrialProgress | None = None,
+) -> TrialProgress:
+    """Train the trial's setting on each task in turn (S seeds each), reporting after every
+    evaluation; log per-task artifacts and final metrics, then make the last report."""
+    progress = progress or TrialProgress()
+    params = active_params(space, params)
+    configs = run_configs(space, params)
+    n_tasks = len(configs)
+    finals: dict[str, tuple[float, AggregateMetrics]] = {}
+
+    def emit(metrics: dict[str, float], step: int, to_tune: bool) -> None:
+        if tracker is not None:
+            tracker.log_metrics(metrics, step)
+        if to_tune:
+            progress.reports += 1
+            report({**metrics, STEP: float(step)})
+
+    for index, (task_name, config) in enumerate(configs.items()):
+        trainer = Trainer(config)
+        offset = index * space.steps
+
+        def on_eval(rep: EvalReport, trainer: Trainer = trainer, name: str = task_name,
+                    offset: int = offset) -> None:
+            if rep.step >= rep.total_steps:
+                return  # the final evaluation is reported from the full result below
+            agg = partial_aggregate(trainer, rep)
+            current = {**finals, name: (objective_value(agg, space.steps, trainer.thresholds), agg)}
+            emit(_combined(current), offset + rep.step, to_tune=rep.step > 0)
+
+        result = trainer.run(on_eval)
+        progress.results[task_name] = result
+        finals[task_name] = (objective_value(result.aggregate, space.steps, result.thresholds), result.aggregate)
+        metrics = _combined(finals)
+        step = offset + space.steps
+        if index < n_tasks - 1:
+            emit(metrics, step, to_tune=True)
+            continue
+        # the last report: everything is logged and the run closed before it, since the
+        # scheduler may stop the trial inside `report` even now
+        progress.final_metrics = metrics
+        if tracker is not None:
+            tracker.log_metrics(metrics, step)
+            _log_artifacts(tracker, progress.results, params)
+            tracker.close("completed")
+        progress.completed = True
+        progress.reports += 1
+        report({**metrics, STEP: float(step)})
+    return progress
+
+
+def _log_artifacts(tracker: Tracker, results: dict[str, RunResult], params: dict[str, Any]) -> None:
+    from service.tracking.artifacts import write_trial_artifacts
+
+    with tempfile.TemporaryDirectory(prefix="nalu-sweep-") as tmp:
+        root = Path(tmp)
+        for name, result in results.items():
+            directory = root / name if len(results) > 1 else root
+            short = ", ".join(f"{k}={_short(v)}" for k, v in params.items())
+            a = result.aggregate
+            title = (f"{name}: success {a.successes}/{a.n_seeds} "
+                     f"[{a.success_ci_low:.2f}, {a.success_ci_high:.2f}]  {short}")
+            write_trial_artifacts(result, directory, title=title[:160])
+        tracker.log_artifact_dir(root)
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.3g}"
+    return str(value)

@@ -1,0 +1,431 @@
+"""Run a sweep: Ray Tune schedules trials, Optuna (TPE) proposes them, MLflow records them.
+
+- `OptunaSearch` with a seeded TPE sampler over the define-by-run space, capped at
+  ``concurrency`` trials in flight (TPE proposes each new trial from the finished ones);
+  ``ASHAScheduler`` on the intermediate objective (or no scheduler); ``reuse_actors=True``
+  so trials do not pay a process start-up each; failed trials are retried
+  (``FailureConfig``).
+- A local Ray is started by default; ``address`` connects to a running cluster.
+- ``resume`` continues an interrupted sweep with ``Tuner.restore`` (the searcher's state is
+  restored with it); MLflow child runs left RUNNING by the crash are closed first, and a
+  resumed trial reopens its own run (see `service.tracking.runs.TrialRun`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from service.errors import UserError
+from service.search.display import LiveProgress, SweepBoard, register_board, unregister_board
+from service.search.objective import OBJECTIVE
+from service.search.space import SearchSpace, parse_space
+from service.search.suggest import DefineByRun
+from service.search.trial import STEP, TrialProgress, is_metric_key, run_trial, task_params
+from service.tracking import runs, store
+
+TRAINABLE_NAME = "nalu_sweep_trial"
+DEFAULT_STORAGE_DIR = "runs"
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """Where and how a sweep runs (the CLI's flags, resolved)."""
+
+    name: str
+    tracking_uri: str
+    storage_path: str
+    space_file: Path | None = None
+    address: str | None = None
+    resume: bool = False
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """Everything a trial needs besides its sampled parameters; plain data (pickled)."""
+
+    space: dict[str, Any]
+    sweep: str
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    threads: int
+
+
+@dataclass
+class SweepSummary:
+    name: str
+    experiment_id: str
+    parent_run_id: str
+    tracking_uri: str
+    storage_path: str
+    outcome: str
+    trials: dict[str, int]
+    best_objective: float | None
+
+
+def default_storage_path() -> str:
+    return str((Path.cwd() / DEFAULT_STORAGE_DIR).resolve())
+
+
+def resolve_storage_path(option: str | None) -> str:
+    """An absolute local path, or a URI (``s3://…``) as given."""
+    if not option:
+        return default_storage_path()
+    if "://" in option:
+        return option.rstrip("/")
+    return str(Path(option).expanduser().resolve())
+
+
+def experiment_path(storage_path: str, name: str) -> str:
+    return f"{storage_path.rstrip('/')}/{name}"
+
+
+# -- the trial, inside a Ray worker ------------------------------------------------------------------
+def make_trainable(settings: TrialSettings):
+    """The Tune function trainable (a closure over ``settings``, pickled by value)."""
+
+    def nalu_sweep_trial(config: dict[str, Any]) -> None:
+        execute_trial(config, settings)
+
+    nalu_sweep_trial.__name__ = TRAINABLE_NAME
+    return nalu_sweep_trial
+
+
+def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
+    """Open (or reopen) the trial's MLflow run, train, and close the run with the right
+    outcome whatever happens: ``completed``, ``pruned`` (ASHA raised inside a report
+    before the end), or ``failed`` (an exception; Tune may retry, reusing the run)."""
+    import torch
+    from ray import tune
+
+    context = tune.get_context()
+    trial_id = context.get_trial_id()  # read first: stopping may interrupt anything later
+    trial_name = context.get_trial_name() or trial_id
+    torch.set_num_threads(settings.threads)
+    space = parse_space(settings.space, source=f"sweep {settings.sweep}")
+    params = {k: v for k, v in config.items() if k in space.params}
+    tracker = runs.TrialRun.open(
+        settings.tracking_uri, settings.experiment_id, settings.parent_run_id,
+        trial_key=trial_id, run_name=trial_name, params={**params, **task_params(space)},
+        tags={store.TAG_SWEEP: settings.sweep},
+    )
+    progress = TrialProgress()
+    outcome = "failed"
+    try:
+        run_trial(params, space, tune.report, tracker=tracker, progress=progress)
+        outcome = "completed"
+    except SystemExit:  # Tune's way of stopping a trial from inside `tune.report`
+        outcome = "completed" if progress.completed else "pruned"
+        raise
+    except Exception as e:
+        tracker.set_tags({store.TAG_ERROR: f"{type(e).__name__}: {e}"[:5000]})
+        raise
+    finally:
+        tracker.close(outcome)
+
+
+# -- the driver -----------------------------------------------------------------------------------------
+def _init_ray(address: str | None, verbose: bool) -> bool:
+    """Start (or connect to) Ray; returns True when this call started it."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the live board replaces Tune's tables
+    import logging
+
+    import ray
+
+    # the Tune loggers that would write result.json are off: don't warn that it is missing
+    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+
+    if ray.is_initialized():
+        return False
+    package_root = str(Path(__file__).resolve().parents[2])
+    if not address:  # local workers inherit the driver's environment: make `service` importable
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if package_root not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
+    _check_reachable(address)
+    try:
+        ray.init(address=address or None, include_dashboard=False, log_to_driver=verbose,
+                 logging_level=logging.INFO if verbose else logging.WARNING,
+                 configure_logging=True)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        where = f"the Ray cluster at {address!r}" if address else "a local Ray"
+        raise UserError(f"cannot start or reach {where}: {e}") from None
+    return True
+
+
+def _check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
+    """``host:port`` addresses are probed first: Ray itself retries an unreachable GCS for
+    minutes before it gives up."""
+    import socket
+
+    if not address or "://" in address or address == "auto" or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot reach the Ray cluster at {address!r} ({e}); start one with "
+                        "'ray start --head' or leave out --address to run locally") from None
+
+
+def _check_resources(space: SearchSpace) -> None:
+    """A trial that asks for more than the cluster has would wait forever: say so now."""
+    import ray
+
+    total = ray.cluster_resources()
+    cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
+    if space.resources.gpus > gpus:
+        raise UserError(f"each trial asks for {space.resources.gpus:g} GPU(s) but the Ray cluster has "
+                        f"{gpus:g}; use --gpus-per-trial 0 (CPU) or a cluster with GPUs")
+    if space.resources.cpus > cpus:
+        raise UserError(f"each trial asks for {space.resources.cpus:g} CPUs but the Ray cluster has "
+                        f"{cpus:g}; lower --cpus-per-trial")
+
+
+def _trial_counts(client: Any, experiment_id: str, parent_run_id: str) -> tuple[dict[str, int], float | None]:
+    counts = {"completed": 0, "pruned": 0, "failed": 0, "running": 0, "interrupted": 0}
+    best = None
+    for run in runs.trial_runs(client, experiment_id, parent_run_id):
+        outcome = run.data.tags.get(store.TAG_OUTCOME, "running")
+        counts[outcome] = counts.get(outcome, 0) + 1
+        value = run.data.metrics.get(OBJECTIVE)
+        if outcome == "completed" and value is not None and (best is None or value > best):
+            best = value
+    return counts, best
+
+
+@dataclass
+class TuneTrial:
+    """What Tune knows of one trial at the end of `fit`: its last result and final state."""
+
+    state: str  # done, pruned, failed, running
+    last_result: dict[str, Any]
+
+
+def _tune_trials(grid: Any, board: SweepBoard, total_steps: int) -> dict[str, TuneTrial]:
+    """Every trial of the (possibly restored) Tune experiment, by trial id: the board's view
+    for trials run by this process, the result grid's for those finished before a restart."""
+    out: dict[str, TuneTrial] = {}
+    for result in grid or []:
+        trial_id = Path(str(result.path)).name.removeprefix("trial-")
+        metrics = dict(result.metrics or {})
+        if result.error is not None:
+            state = "failed"
+        else:
+            state = "done" if float(metrics.get(STEP, 0) or 0) >= total_steps else "pruned"
+        out[trial_id] = TuneTrial(state, metrics)
+    for trial_id, line in board.trials.items():
+        if line.state != "pending":
+            out[trial_id] = TuneTrial(line.state, dict(line.last_result) or out.get(trial_id, TuneTrial("", {})).last_result)
+    return out
+
+
+def _settle_trial_runs(client: Any, experiment_id: str, parent_run_id: str,
+                       trials: dict[str, TuneTrial], complete: bool) -> None:
+    """Make MLflow agree with Tune once `fit` is over.
+
+    A child run still RUNNING (or closed as ``interrupted`` when a resume began) whose trial
+    Tune saw finish was stopped before its own ``finally`` ran (Tune does not wait for a
+    stopped trial's thread, nor for a killed driver's): close it as Tune reports it
+    (pruned / failed / completed). Runs of trials unknown to Tune were started just before a
+    crash, after Tune last saved its state: the restored sweep never runs them, so once
+    the sweep is complete they are deleted rather than left as phantom trials.
+    """
+    outcomes = {"done": "completed", "pruned": "pruned", "failed": "failed"}
+    for run in runs.trial_runs(client, experiment_id, parent_run_id):
+        open_run = run.info.status in ("RUNNING", "SCHEDULED")
+        interrupted = run.data.tags.get(store.TAG_OUTCOME) == "interrupted"
+        if not (open_run or interrupted):
+            continue
+        trial = trials.get(run.data.tags.get(store.TAG_TRIAL_KEY, ""))
+        if trial is not None and trial.state in outcomes:
+            result = {k: v for k, v in trial.last_result.items() if is_metric_key(k)}
+            runs.settle_trial_run(client, run.info.run_id, outcomes[trial.state], result,
+                                  int(trial.last_result.get(STEP, 0) or 0))
+        elif trial is None and complete:
+            store.retry(lambda: client.delete_run(run.info.run_id))
+        elif open_run:
+            runs.settle_trial_run(client, run.info.run_id, "interrupted")
+
+
+def make_sampler(space: SearchSpace):
+    """The seeded Optuna sampler named by the space (TPE by default)."""
+    import optuna
+
+    seed = space.sampler.seed
+    if space.sampler.type == "grid":
+        return optuna.samplers.GridSampler(space.grid(), seed=seed)
+    if space.sampler.type == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+def _trial_name(trial: Any) -> str:
+    return f"trial-{trial.trial_id}"
+
+
+def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any):
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    searcher = OptunaSearch(space=DefineByRun(space), metric=OBJECTIVE, mode="max",
+                            sampler=make_sampler(space))
+    if space.scheduler.type == "asha":
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration", metric=OBJECTIVE, mode="max",
+            max_t=space.total_reports(), grace_period=space.grace_reports(),
+            reduction_factor=space.scheduler.reduction_factor, brackets=space.scheduler.brackets,
+        )
+    else:
+        scheduler = FIFOScheduler()
+    resources = {"cpu": space.resources.cpus, "gpu": space.resources.gpus}
+    return tune.Tuner(
+        tune.with_resources(trainable, resources),
+        tune_config=tune.TuneConfig(
+            search_alg=searcher, scheduler=scheduler, num_samples=space.trials,
+            max_concurrent_trials=space.concurrency, reuse_actors=True,
+            trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
+        ),
+        run_config=tune.RunConfig(
+            name=options.name, storage_path=options.storage_path, verbose=0,
+            failure_config=tune.FailureConfig(max_failures=space.retries),
+            callbacks=[LiveProgress(options.name)],
+        ),
+    )
+
+
+def _quiet_libraries(verbose: bool) -> None:
+    """The live board is the sweep's output: keep library chatter to warnings."""
+    import logging
+    import warnings
+
+    import optuna
+
+    if verbose:
+        return
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    # a resumed trial reports its first steps again; Optuna keeps the first values
+    warnings.filterwarnings("ignore", message="The reported value is ignored")
+
+
+def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None = None) -> SweepSummary:
+    """Run (or resume) the sweep and record it; returns counts and the best objective.
+
+    Everything that can be checked is checked before anything is written: the MLflow store
+    answers, a new sweep's name is free (or a resumed one exists, with the same spec), Ray
+    is reachable and has the resources one trial asks for.
+    """
+    console = console or Console()
+    _quiet_libraries(options.verbose)
+    client = store.client(options.tracking_uri)
+    try:
+        experiment = store.retry(lambda: client.get_experiment_by_name(options.name))
+        parent = runs.find_sweep_run(client, experiment.experiment_id, options.name) if experiment else None
+    except Exception as e:  # noqa: BLE001 - an unreachable or broken tracking store
+        raise UserError(f"cannot use the MLflow tracking store {options.tracking_uri}: {e}") from None
+    exp_path = experiment_path(options.storage_path, options.name)
+
+    from ray import tune
+
+    restorable = tune.Tuner.can_restore(exp_path)
+    if options.resume:
+        if not restorable:
+            raise UserError(f"nothing to resume: no Tune experiment at {exp_path} "
+                            "(use the same --storage-path and --name as the original sweep)")
+        if parent is None:
+            raise UserError(f"nothing to resume in {options.tracking_uri}: sweep {options.name!r} has no "
+                            "MLflow run there (use the same --tracking-uri as the original sweep)")
+        old_hash = parent.data.tags.get(store.TAG_SPACE_HASH)
+        if old_hash and old_hash != space.spec_hash():
+            raise UserError(f"the search space of sweep {options.name!r} changed since it started "
+                            f"(hash {old_hash} → {space.spec_hash()}); resume with the same file and flags")
+    elif parent is not None or restorable:
+        raise UserError(f"sweep {options.name!r} already exists (in {options.tracking_uri} or at {exp_path}); "
+                        f"continue it with --resume, or start a new one with --name {options.name}-2")
+
+    started_ray = _init_ray(options.address, options.verbose)
+    try:
+        _check_resources(space)
+        return _run(space, options, console, client, parent, exp_path)
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _run(space: SearchSpace, options: SweepOptions, console: Console, client: Any, parent: Any,
+         exp_path: str) -> SweepSummary:
+    from ray import tune
+
+    experiment_id = store.ensure_experiment(client, options.name, options.tracking_uri)
+    if options.resume:
+        parent_run_id = parent.info.run_id
+        closed = runs.close_stale_trial_runs(client, experiment_id, parent_run_id)
+        runs.reopen_sweep_run(client, parent_run_id)
+        if closed:
+            console.print(f"closed {len(closed)} trial run(s) left running by the interruption")
+    else:
+        parent_run_id = runs.start_sweep_run(
+            client, experiment_id, options.name, space_file=options.space_file,
+            spec_json=space.spec_json(), spec_hash=space.spec_hash(), storage_path=exp_path,
+            params={"trials": space.trials, "seeds": space.seeds, "steps": space.steps,
+                    "eval_every": space.eval_every, "concurrency": space.concurrency,
+                    "scheduler": space.scheduler.type, "objective": space.objective,
+                    "sampler": space.sampler.type, "cpus_per_trial": space.resources.cpus,
+                    "gpus_per_trial": space.resources.gpus,
+                    "searched": ", ".join(space.params) or "(none)", "tasks": ", ".join(space.task_configs())},
+        )
+    settings = TrialSettings(
+        space=space.model_dump(mode="json"), sweep=options.name,
+        tracking_uri=options.tracking_uri, experiment_id=experiment_id, parent_run_id=parent_run_id,
+        threads=max(1, int(space.resources.cpus)) if space.resources.gpus == 0 else 1,
+    )
+    board = SweepBoard(options.name, space.trials, space.steps * len(space.task_configs()), console)
+    register_board(board)
+    outcome = "failed"
+    grid = None
+    counts: dict[str, int] = {}
+    best = None
+    try:
+        trainable = make_trainable(settings)
+        if options.resume:
+            tuner = tune.Tuner.restore(exp_path, trainable=tune.with_resources(
+                trainable, {"cpu": space.resources.cpus, "gpu": space.resources.gpus}),
+                resume_unfinished=True, resume_errored=True)
+        else:
+            tuner = _tuner(space, options, trainable)
+        board.start()
+        grid = tuner.fit()
+        outcome = "completed"
+    except KeyboardInterrupt:
+        outcome = "interrupted"
+        raise
+    finally:
+        board.stop()
+        unregister_board(board)
+        total_steps = space.steps * len(space.task_configs())
+        trials = _tune_trials(grid, board, total_steps)
+        _settle_trial_runs(client, experiment_id, parent_run_id, trials, complete=outcome == "completed")
+        counts, best = _trial_counts(client, experiment_id, parent_run_id)
+        finished = counts["completed"] + counts["pruned"] + counts["failed"]
+        if outcome == "completed" and finished < space.trials:
+            outcome = "interrupted"
+        runs.finish_sweep_run(client, parent_run_id, outcome, {
+            "trials_completed": counts["completed"], "trials_pruned": counts["pruned"],
+            "trials_failed": counts["failed"], **({"best_objective": best} if best is not None else {}),
+        })
+    return SweepSummary(options.name, experiment_id, parent_run_id, options.tracking_uri,
+                        exp_path, outcome, counts, best)

@@ -1,0 +1,177 @@
+"""Files logged with each trial: a per-seed table, learned weights, curves and heatmaps.
+
+Written into a directory and uploaded to the trial's MLflow run in one call; nothing is
+left in the Ray trial's (temporary) working directory.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from service.training.result import RunResult
+
+
+def _ratio(result: RunResult, k: int) -> float:
+    """Seed k's worst extrapolation MSE relative to its range's threshold (NaN → inf)."""
+    seed = result.seeds[k]
+    ratios = []
+    for name, mse in seed.extrapolation_mse.items():
+        thr = result.thresholds.get(name, float("nan"))
+        value = mse / thr if thr and math.isfinite(mse) and math.isfinite(thr) else math.inf
+        ratios.append(value)
+    return max(ratios) if ratios else math.inf
+
+
+def best_and_failed(result: RunResult) -> tuple[int | None, int | None]:
+    """Batch positions of the best seed (successful first, then the lowest extrapolation
+    error relative to the threshold) and of a typical failed seed (the median of the failed
+    seeds by that error, non-diverged first); ``None`` where there is none."""
+    n = len(result.seeds)
+    if n == 0:
+        return None, None
+    order = sorted(range(n), key=lambda k: (not result.seeds[k].success, _ratio(result, k)))
+    best = order[0]
+    failed = [k for k in order if not result.seeds[k].success and k != best]
+    failed.sort(key=lambda k: (result.seeds[k].diverged, _ratio(result, k)))
+    live = [k for k in failed if not result.seeds[k].diverged] or failed
+    return best, (live[len(live) // 2] if live else None)
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return value
+
+
+def write_seed_table(result: RunResult, path: Path) -> Path:
+    """One row per seed: success, best_step, MSEs at best_step, solved_at, sparsity, ..."""
+    ranges = list(result.thresholds)
+    header = ["seed", "success", "best_step", "interpolation_mse",
+              *[f"extrapolation_mse.{r}" for r in ranges], *[f"success.{r}" for r in ranges],
+              *[f"threshold.{r}" for r in ranges],
+              "solved_at", "sparsity_error", "diverged", "diverged_at", "reinitialisations"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        reinit = list(getattr(result, "reinitialisations", []) or [0] * len(result.seeds))
+        for s, r in zip(result.seeds, reinit):
+            writer.writerow([_cell(v) for v in [
+                s.seed, s.success, s.best_step, s.interpolation_mse,
+                *[s.extrapolation_mse.get(x) for x in ranges],
+                *[s.success_per_range.get(x) for x in ranges],
+                *[result.thresholds[x] for x in ranges],
+                s.solved_at, s.sparsity_error, s.diverged, s.diverged_at, r,
+            ]])
+    return path
+
+
+def _matrix(w: np.ndarray) -> list[list[float | None]]:
+    return [[float(v) if math.isfinite(float(v)) else None for v in row] for row in np.asarray(w)]
+
+
+def write_seed_weights(result: RunResult, k: int, role: str, path: Path) -> Path:
+    """The learned weight matrices ``{name: [out][in]}`` of batch position ``k`` (JSON)."""
+    seed = result.seeds[k]
+    data = {
+        "role": role,
+        "seed": seed.seed,
+        "success": seed.success,
+        "diverged": seed.diverged,
+        "extrapolation_mse": {n: (v if math.isfinite(v) else None) for n, v in seed.extrapolation_mse.items()},
+        "thresholds": result.thresholds,
+        "sparsity_error": seed.sparsity_error if math.isfinite(seed.sparsity_error) else None,
+        "weights": {name: _matrix(w[k]) for name, w in result.weights.items()},
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+def plot_curves(result: RunResult, path: Path, title: str = "") -> Path:
+    """Interpolation and extrapolation MSE per seed over training (log scale), with each
+    range's success threshold; successful seeds drawn in colour, failed ones in grey."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    h = result.history
+    panels = [("interpolation", h.interpolation_mse, None)] + [
+        (n, v, result.thresholds.get(n)) for n, v in h.extrapolation_mse.items()]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    for ax, (name, values, threshold) in zip(axes[0], panels):
+        vals = np.where(np.isfinite(values) & (values > 0), values, np.nan)
+        for k, seed in enumerate(result.seeds):
+            ax.plot(h.steps, vals[:, k], lw=1, alpha=0.8 if seed.success else 0.5,
+                    color=None if seed.success else "0.6")
+        if threshold:
+            ax.axhline(threshold, color="k", ls="--", lw=1, label="success threshold")
+            ax.legend(loc="best", fontsize=8)
+        if np.isfinite(vals).any():
+            ax.set_yscale("log")
+        ax.set_title(f"{name} MSE")
+        ax.set_xlabel("step")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def plot_weights(result: RunResult, seeds: dict[str, int], path: Path) -> Path:
+    """Heatmaps of every learned weight matrix, one row per chosen seed (colour −1 … 1)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result.weights)
+    rows = list(seeds.items())
+    fig, axes = plt.subplots(max(1, len(rows)), max(1, len(names)),
+                             figsize=(3.2 * max(1, len(names)), 2.4 * max(1, len(rows))), squeeze=False)
+    image = None
+    for i, (role, k) in enumerate(rows):
+        for j, name in enumerate(names):
+            ax = axes[i][j]
+            w = np.asarray(result.weights[name][k], dtype=np.float64)
+            image = ax.imshow(np.nan_to_num(w, nan=0.0), cmap="RdBu_r", vmin=-1, vmax=1,
+                              aspect="auto", interpolation="nearest")
+            ax.set_title(f"{role} (seed {result.seeds[k].seed}) · {name}", fontsize=8)
+            ax.set_xlabel("in", fontsize=7)
+            ax.set_ylabel("out", fontsize=7)
+            ax.tick_params(labelsize=6)
+    if image is not None:
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write_trial_artifacts(result: RunResult, directory: Path, title: str = "") -> list[Path]:
+    """Every artifact of one task's result into ``directory``; returns the files."""
+    files = [write_seed_table(result, directory / "seeds.csv")]
+    best, failed = best_and_failed(result)
+    chosen: dict[str, int] = {}
+    if best is not None:
+        role = "best" if result.seeds[best].success else "best (no seed succeeded)"
+        files.append(write_seed_weights(result, best, role, directory / "weights" / "best_seed.json"))
+        chosen["best"] = best
+    if failed is not None:
+        files.append(write_seed_weights(result, failed, "failed", directory / "weights" / "failed_seed.json"))
+        chosen["failed"] = failed
+    files.append(plot_curves(result, directory / "plots" / "curves.png", title))
+    if result.weights and chosen:
+        files.append(plot_weights(result, chosen, directory / "plots" / "weights.png"))
+    return files

@@ -1,0 +1,114 @@
+"""Where sweeps are recorded: the MLflow tracking store, experiments and common tags.
+
+Embedded default: a SQLite file ``mlflow.db`` in the working directory
+(``sqlite:////abs/path/mlflow.db``) with artifacts under ``mlruns/`` next to it, created by
+the driver with an *absolute* artifact location (a relative one would resolve inside each
+Ray trial's temporary working directory). ``--tracking-uri`` (or ``MLFLOW_TRACKING_URI``)
+points at a server instead; the server then decides where artifacts go.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
+
+TAG_SWEEP = "nalu_sweep.sweep"
+TAG_ROLE = "nalu_sweep.role"  # "sweep" (parent) or "trial" (child)
+TAG_TRIAL_KEY = "nalu_sweep.trial_key"
+TAG_OUTCOME = "nalu_sweep.outcome"  # running, completed, pruned, failed, interrupted
+TAG_SPACE_HASH = "nalu_sweep.space_hash"
+TAG_SPACE_FILE = "nalu_sweep.space_file"
+TAG_GIT_COMMIT = "nalu_sweep.git_commit"
+TAG_STORAGE = "nalu_sweep.storage_path"
+TAG_ATTEMPTS = "nalu_sweep.attempts"
+TAG_ERROR = "nalu_sweep.error"  # the exception of a failed trial
+TAG_PARENT = "mlflow.parentRunId"
+TAG_MLFLOW_GIT = "mlflow.source.git.commit"
+
+DB_FILE = "mlflow.db"
+ARTIFACT_DIR = "mlruns"
+
+
+def default_tracking_uri(directory: str | Path | None = None) -> str:
+    """``sqlite:////abs/dir/mlflow.db`` for ``directory`` (default: the working directory)."""
+    path = (Path(directory) if directory else Path.cwd()).resolve() / DB_FILE
+    return f"sqlite:///{path}"
+
+
+def resolve_tracking_uri(option: str | None = None) -> str:
+    """``--tracking-uri``, else ``$MLFLOW_TRACKING_URI``, else the embedded SQLite default.
+    A relative ``sqlite:///file.db`` becomes absolute (trials run in other directories)."""
+    uri = option or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = f"sqlite:///{Path(uri.removeprefix('sqlite:///')).resolve()}"
+    elif "://" not in uri:  # a plain path: a file store directory
+        uri = Path(uri).resolve().as_uri()
+    return uri
+
+
+def artifact_root(tracking_uri: str) -> str | None:
+    """Absolute artifact directory for a SQLite store (``mlruns`` beside the database);
+    ``None`` (the server's or file store's default) otherwise."""
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri.removeprefix("sqlite:///"))
+        return (db.parent / ARTIFACT_DIR).resolve().as_uri()
+    return None
+
+
+def client(tracking_uri: str):
+    """An `MlflowClient` bound to ``tracking_uri`` (no global MLflow state is touched)."""
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def retry(fn: Callable[[], T], attempts: int = 8, delay_s: float = 0.2) -> T:
+    """Call ``fn``, retrying while SQLite reports a locked database (concurrent trials
+    write to one file); any other error is raised at once."""
+    for i in range(attempts):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - MlflowException / sqlalchemy OperationalError
+            text = str(e).lower()
+            if i == attempts - 1 or not ("locked" in text or "busy" in text):
+                raise
+            time.sleep(delay_s * (2 ** i))
+    raise AssertionError("unreachable")
+
+
+def ensure_experiment(mlflow_client: Any, name: str, tracking_uri: str) -> str:
+    """The id of experiment ``name``, created (with an absolute artifact location) if new;
+    a deleted experiment of that name is restored."""
+    from mlflow.entities import LifecycleStage
+
+    exp = retry(lambda: mlflow_client.get_experiment_by_name(name))
+    if exp is not None:
+        if exp.lifecycle_stage == LifecycleStage.DELETED:
+            retry(lambda: mlflow_client.restore_experiment(exp.experiment_id))
+        return exp.experiment_id
+    root = artifact_root(tracking_uri)
+    location = f"{root}/{name}" if root else None
+    if root:
+        Path(root.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+    return retry(lambda: mlflow_client.create_experiment(name, artifact_location=location))
+
+
+def git_commit(directory: str | Path | None = None) -> str:
+    """The commit of the code that runs (``+dirty`` with local changes); ``unknown`` when
+    it is not a git checkout."""
+    where = Path(directory) if directory else Path(__file__).resolve().parents[2]
+    try:
+        commit = subprocess.run(["git", "-C", str(where), "rev-parse", "HEAD"], capture_output=True,
+                                text=True, timeout=10)
+        if commit.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", str(where), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+        return commit.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"

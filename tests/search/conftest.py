@@ -1,0 +1,32 @@
+"""One Ray for the whole test session (started on first use by a slow test)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Before Ray is imported anywhere: no token auth, no usage stats, no Tune file loggers.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    """Start Ray once (2 CPUs, no dashboard); sweeps in this process reuse it and a sweep in
+    a subprocess joins it with --address. Yields the address."""
+    import ray
+
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO) not in paths:  # Ray workers must import `service`
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()

@@ -1,0 +1,128 @@
+"""End to end with real Ray, Optuna and MLflow (slow; one Ray for the session): a smoke
+sweep, the CLI verbs over its MLflow store, and resuming after the driver was killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from service.cli import app
+from service.tracking import runs, store
+
+SMOKE = str(Path(__file__).resolve().parents[2] / "search_spaces" / "smoke.yaml")
+REPO = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+
+def _children(name: str):
+    client = store.client(store.resolve_tracking_uri(None))
+    experiment = client.get_experiment_by_name(name)
+    parent = runs.find_sweep_run(client, experiment.experiment_id, name)
+    return client, parent, runs.trial_runs(client, experiment.experiment_id, parent.info.run_id)
+
+
+@pytest.mark.slow
+def test_smoke_sweep_records_one_parent_and_one_child_per_trial(ray_address):
+    result = runner.invoke(app, ["sweep", SMOKE, "--trials", "4", "--seeds", "4", "--name", "smoke-e2e"])
+    assert result.exit_code == 0, result.output
+    assert "sweep smoke-e2e completed" in result.output
+
+    client, parent, children = _children("smoke-e2e")
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags[store.TAG_SPACE_HASH] and parent.data.tags[store.TAG_GIT_COMMIT]
+    spec_files = {a.path for a in client.list_artifacts(parent.info.run_id, "search_space")}
+    assert spec_files == {"search_space/smoke.yaml", "search_space/resolved_spec.json"}
+    experiments = [e for e in client.search_experiments() if e.name == "smoke-e2e"]
+    assert len(experiments) == 1 and experiments[0].artifact_location.startswith("file:///")
+
+    assert len(children) == 4
+    assert len({c.data.tags[store.TAG_TRIAL_KEY] for c in children}) == 4
+    completed = []
+    for child in children:
+        tags, metrics = child.data.tags, child.data.metrics
+        assert tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.info.status == "FINISHED" and tags[store.TAG_OUTCOME] in ("completed", "pruned")
+        assert {"lr", "optimizer", "lambda_max", "nau_init", "task.kind", "seeds"} <= set(child.data.params)
+        assert ("momentum" in child.data.params) == (child.data.params["optimizer"] == "sgd")
+        assert "master_seed" not in child.data.params  # searched and task parameters only
+        for key in ("objective", "success_rate", "success_ci_low", "success_ci_high", "diverged",
+                    "interpolation_mse_median", "extrapolation_mse_median.extrapolation"):
+            assert key in metrics, key
+        assert len(client.get_metric_history(child.info.run_id, "success_ci_low")) >= 4
+        if tags[store.TAG_OUTCOME] == "completed":
+            completed.append(child)
+            assert metrics["n_seeds"] == 4
+            files = {a.path for a in client.list_artifacts(child.info.run_id)}
+            files |= {a.path for d in ("weights", "plots") for a in client.list_artifacts(child.info.run_id, d)}
+            assert {"seeds.csv", "weights/best_seed.json", "plots/curves.png", "plots/weights.png"} <= files
+    assert completed, "ASHA always lets at least one trial finish"
+
+    best = runner.invoke(app, ["best", "smoke-e2e", "--top", "3"])
+    assert best.exit_code == 0, best.output
+    for text in ("lr", "optimizer", "success [95% CI]", "solved_at median", "sparsity error", completed[0].info.run_name):
+        assert text in best.output, text
+
+    status = runner.invoke(app, ["status"])
+    assert status.exit_code == 0 and "smoke-e2e" in status.output and "4/4" in status.output
+    status = runner.invoke(app, ["status", "smoke-e2e"])
+    assert status.exit_code == 0 and "trials of smoke-e2e" in status.output
+
+    again = runner.invoke(app, ["sweep", SMOKE, "--trials", "4", "--seeds", "4", "--name", "smoke-e2e"])
+    assert again.exit_code == 2 and "already exists" in again.output and "--resume" in again.output
+
+
+@pytest.mark.slow
+def test_a_trial_asking_for_a_missing_gpu_is_refused_before_anything_is_recorded(ray_address):
+    result = runner.invoke(app, ["sweep", SMOKE, "--gpus-per-trial", "0.25", "--name", "gpu"])
+    assert result.exit_code == 2, result.output
+    assert "asks for 0.25 GPU(s) but the Ray cluster has 0" in result.output
+    client = store.client(store.resolve_tracking_uri(None))
+    assert client.get_experiment_by_name("gpu") is None
+
+
+def _finished_trials(db: Path) -> int:
+    try:
+        with sqlite3.connect(db, timeout=1) as conn:
+            return conn.execute("SELECT COUNT(*) FROM tags WHERE key = ? AND value IN ('completed', 'pruned')",
+                                (store.TAG_OUTCOME,)).fetchone()[0]
+    except sqlite3.Error:
+        return 0
+
+
+@pytest.mark.slow
+def test_resume_after_the_driver_is_killed(ray_address, tmp_path):
+    args = ["sweep", SMOKE, "--trials", "4", "--seeds", "4", "--steps", "1000", "--name", "resume-e2e"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    driver = subprocess.Popen([sys.executable, "-c", "from service.cli import app; app()", *args,
+                               "--address", ray_address],
+                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        state = tmp_path / "runs" / "resume-e2e"
+        while _finished_trials(tmp_path / "mlflow.db") < 1 or not list(state.glob("experiment_state-*.json")):
+            assert driver.poll() is None, driver.stdout.read().decode()
+            assert time.monotonic() < deadline, "no trial finished in time"
+            time.sleep(0.5)
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    assert _finished_trials(tmp_path / "mlflow.db") < 4, "the sweep finished before it could be killed"
+
+    result = runner.invoke(app, [*args, "--resume"])
+    assert result.exit_code == 0, result.output
+
+    client, parent, children = _children("resume-e2e")
+    assert parent.info.status == "FINISHED"
+    keys = [c.data.tags[store.TAG_TRIAL_KEY] for c in children]
+    assert len(keys) == len(set(keys)) == 4, keys  # every trial exactly once
+    for child in children:
+        assert child.info.status == "FINISHED", (child.info.run_name, child.data.tags)
+        assert child.data.tags[store.TAG_OUTCOME] in ("completed", "pruned")

@@ -1,0 +1,53 @@
+"""Per-trial artifacts from a real (tiny) result: per-seed CSV, weights JSON, PNG plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from service.config import RunConfig
+from service.tracking.artifacts import best_and_failed, write_trial_artifacts
+from service.training import train
+
+
+@pytest.fixture(scope="module")
+def result():
+    config = RunConfig.model_validate({
+        "task": {"kind": "small_mul", "eval_samples": 200, "threshold_samples": 10_000},
+        "model": {"layers": [{"unit": "nau"}, {"unit": "nmu"}]},
+        "train": {"steps": 300, "batch_size": 32, "eval_every": 100, "optimizer": {"lr": 0.05},
+                  "regularizer": {"lambda_max": 0.1, "t_start": 50, "t_end": 200}},
+        "seeds": 6, "device": "cpu", "compile": "off",
+    })
+    return train(config)
+
+
+def test_artifacts_are_written(result, tmp_path):
+    files = write_trial_artifacts(result, tmp_path, title="tiny")
+    names = {p.relative_to(tmp_path).as_posix() for p in files}
+    assert {"seeds.csv", "weights/best_seed.json", "plots/curves.png", "plots/weights.png"} <= names
+    for png in ("plots/curves.png", "plots/weights.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    rows = list(csv.DictReader((tmp_path / "seeds.csv").open()))
+    assert [int(r["seed"]) for r in rows] == [s.seed for s in result.seeds]
+    assert {"success", "best_step", "interpolation_mse", "extrapolation_mse.extrapolation",
+            "threshold.extrapolation", "solved_at", "sparsity_error", "diverged"} <= set(rows[0])
+
+    best = json.loads((tmp_path / "weights/best_seed.json").read_text())
+    assert set(best["weights"]) == set(result.weights)
+    for name, matrix in best["weights"].items():
+        assert len(matrix) == result.weights[name].shape[1]
+
+
+def test_best_and_failed_seed_choice(result):
+    best, failed = best_and_failed(result)
+    seeds = result.seeds
+    if any(s.success for s in seeds):
+        assert seeds[best].success
+    if failed is not None:
+        assert not seeds[failed].success and failed != best
+    else:
+        assert all(s.success for s in seeds if s is not seeds[best])
