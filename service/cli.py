@@ -146,3 +146,4 @@ def run(
 
 
 import service.cli_sweep  # noqa: E402,F401  (registers sweep, status, best, ui)
+import service.cli_report  # noqa: E402,F401  (registers report, validate, compare)

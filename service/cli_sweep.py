@@ -121,6 +121,10 @@ def sweep(
     address: Optional[str] = typer.Option(None, help="Ray cluster to connect to (default: start a local Ray)."),
     tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
     storage_path: Optional[str] = typer.Option(None, help="Ray Tune storage: a shared directory or s3:// URI (default: ./runs)."),
+    optuna_storage: Optional[str] = typer.Option(
+        None, envvar="NALU_SWEEP_OPTUNA_STORAGE",
+        help="Keep the Optuna study (named like the sweep) in this database, e.g. "
+             "postgresql+psycopg://user:pass@host/optuna (default: in memory, saved with Tune's state)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep of the same name."),
     verbose: bool = typer.Option(False, "--verbose", help="Show Ray's worker logs."),
 ) -> None:
@@ -146,7 +150,7 @@ def sweep(
         options = SweepOptions(
             name=sweep_name, tracking_uri=_tracking_uri(tracking_uri, must_exist=False),
             storage_path=resolve_storage_path(storage_path), space_file=space_file.resolve(),
-            address=address, resume=resume, verbose=verbose,
+            address=address, resume=resume, verbose=verbose, optuna_storage=optuna_storage,
         )
         console.print(f"sweep [bold]{sweep_name}[/]: {space.trials} trials × {space.seeds} seeds × "
                       f"{space.steps} steps, {space.concurrency} at a time; tracking {options.tracking_uri}",

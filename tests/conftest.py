@@ -1,12 +1,20 @@
-"""Shared test settings: one thread per test process keeps timings stable on 2 cores."""
+"""Shared test settings: one thread per test process keeps timings stable on 2 cores, and
+one Ray for the whole test session (started on first use by a slow test)."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
+# Before Ray is imported anywhere: no token auth, no usage stats, no Tune file loggers.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 torch.set_num_threads(1)
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -14,3 +22,19 @@ def _no_mlflow_in_cwd(tmp_path, monkeypatch):
     """Tests never write result files or tracking stores into the repository."""
     monkeypatch.chdir(tmp_path)
     yield
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    """Start Ray once (2 CPUs, no dashboard) for tests/search and tests/report; sweeps in
+    this process reuse it and a sweep in a subprocess joins it with --address."""
+    import ray
+
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(REPO) not in paths:  # Ray workers must import `service`
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()

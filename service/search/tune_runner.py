@@ -43,6 +43,7 @@ class SweepOptions:
     address: str | None = None
     resume: bool = False
     verbose: bool = False
+    optuna_storage: str | None = None  # an RDB URL: keep the Optuna study there (name = the sweep's)
 
 
 @dataclass(frozen=True)
@@ -113,7 +114,7 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     tracker = runs.TrialRun.open(
         settings.tracking_uri, settings.experiment_id, settings.parent_run_id,
         trial_key=trial_id, run_name=trial_name, params={**params, **task_params(space)},
-        tags={store.TAG_SWEEP: settings.sweep},
+        tags={store.TAG_SWEEP: settings.sweep, store.TAG_NODE: _node_ip()},
     )
     progress = TrialProgress()
     outcome = "failed"
@@ -130,6 +131,16 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
         tracker.close(outcome)
 
 
+def _node_ip() -> str:
+    """The IP address of the Ray node running this trial (``unknown`` outside Ray)."""
+    try:
+        import ray
+
+        return ray.util.get_node_ip_address()
+    except Exception:  # noqa: BLE001 - only a label
+        return "unknown"
+
+
 # -- the driver -----------------------------------------------------------------------------------------
 def _init_ray(address: str | None, verbose: bool) -> bool:
     """Start (or connect to) Ray; returns True when this call started it."""
@@ -143,6 +154,7 @@ def _init_ray(address: str | None, verbose: bool) -> bool:
     # the Tune loggers that would write result.json are off: don't warn that it is missing
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
+    _check_reachable(address)  # an explicit, unreachable --address is an error even if Ray is up
     if ray.is_initialized():
         return False
     package_root = str(Path(__file__).resolve().parents[2])
@@ -151,10 +163,14 @@ def _init_ray(address: str | None, verbose: bool) -> bool:
         if package_root not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
     _check_reachable(address)
+    extra: dict[str, Any] = {}
+    forwarded = store.credential_env()
+    if address and forwarded:  # workers on other machines need the MLflow server's credentials
+        extra["runtime_env"] = {"env_vars": forwarded}
     try:
         ray.init(address=address or None, include_dashboard=False, log_to_driver=verbose,
                  logging_level=logging.INFO if verbose else logging.WARNING,
-                 configure_logging=True)
+                 configure_logging=True, **extra)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"the Ray cluster at {address!r}" if address else "a local Ray"
         raise UserError(f"cannot start or reach {where}: {e}") from None
@@ -269,6 +285,31 @@ def make_sampler(space: SearchSpace):
     return optuna.samplers.TPESampler(seed=seed)
 
 
+def optuna_storage(url: str):
+    """An Optuna RDB storage (``postgresql+psycopg://…``, ``sqlite:///…``) for the study."""
+    import optuna
+
+    try:
+        return optuna.storages.RDBStorage(url, heartbeat_interval=None)
+    except ModuleNotFoundError as e:
+        raise UserError(f"--optuna-storage {store.redact(url)}: missing driver ({e}); for PostgreSQL "
+                        "install the 'postgres' extra: pip install 'nalu-sweep[postgres]'") from None
+    except Exception as e:  # noqa: BLE001 - unreachable database, bad URL, ...
+        raise UserError(f"cannot use the Optuna storage {store.redact(url)}: {e}") from None
+
+
+def _check_study(options: SweepOptions) -> None:
+    """A new sweep must not silently continue an old study of the same name (Tune's
+    OptunaSearch loads an existing study); a resumed one keeps Tune's restored searcher."""
+    if not options.optuna_storage or options.resume:
+        return
+    storage = optuna_storage(options.optuna_storage)
+    names = {s.study_name for s in storage.get_all_studies()}
+    if options.name in names:
+        raise UserError(f"an Optuna study named {options.name!r} already exists in "
+                        f"{store.redact(options.optuna_storage)}; start a new sweep with --name {options.name}-2")
+
+
 def _trial_name(trial: Any) -> str:
     return f"trial-{trial.trial_id}"
 
@@ -278,8 +319,11 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any):
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search.optuna import OptunaSearch
 
+    study: dict[str, Any] = {}
+    if options.optuna_storage:
+        study = {"storage": optuna_storage(options.optuna_storage), "study_name": options.name}
     searcher = OptunaSearch(space=DefineByRun(space), metric=OBJECTIVE, mode="max",
-                            sampler=make_sampler(space))
+                            sampler=make_sampler(space), **study)
     if space.scheduler.type == "asha":
         scheduler = ASHAScheduler(
             time_attr="training_iteration", metric=OBJECTIVE, mode="max",
@@ -355,6 +399,7 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
         raise UserError(f"sweep {options.name!r} already exists (in {options.tracking_uri} or at {exp_path}); "
                         f"continue it with --resume, or start a new one with --name {options.name}-2")
 
+    _check_study(options)
     started_ray = _init_ray(options.address, options.verbose)
     try:
         _check_resources(space)
@@ -408,7 +453,10 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
         else:
             tuner = _tuner(space, options, trainable)
         board.start()
-        grid = tuner.fit()
+        from service.tracking.system_metrics import system_metrics
+
+        with system_metrics(parent_run_id, options.tracking_uri):
+            grid = tuner.fit()
         outcome = "completed"
     except KeyboardInterrupt:
         outcome = "interrupted"

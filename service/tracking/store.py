@@ -29,6 +29,11 @@ TAG_ATTEMPTS = "nalu_sweep.attempts"
 TAG_ERROR = "nalu_sweep.error"  # the exception of a failed trial
 TAG_PARENT = "mlflow.parentRunId"
 TAG_MLFLOW_GIT = "mlflow.source.git.commit"
+TAG_NODE = "nalu_sweep.node_ip"  # the Ray node a trial ran on
+
+# An MLflow server with basic auth: the client reads these (Ray workers need them too).
+CREDENTIAL_VARS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
+                   "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_TRACKING_SERVER_CERT_PATH")
 
 DB_FILE = "mlflow.db"
 ARTIFACT_DIR = "mlruns"
@@ -49,6 +54,19 @@ def resolve_tracking_uri(option: str | None = None) -> str:
     elif "://" not in uri:  # a plain path: a file store directory
         uri = Path(uri).resolve().as_uri()
     return uri
+
+
+def credential_env() -> dict[str, str]:
+    """The MLflow client's credential variables that are set here (forwarded to Ray workers
+    of a remote cluster, which do not inherit the driver's environment)."""
+    return {k: os.environ[k] for k in CREDENTIAL_VARS if os.environ.get(k)}
+
+
+def redact(uri: str) -> str:
+    """``scheme://user:***@host/db``: a URI fit for messages and logs."""
+    import re
+
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", uri)
 
 
 def artifact_root(tracking_uri: str) -> str | None:

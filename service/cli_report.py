@@ -1,0 +1,107 @@
+"""The report verbs of `nalu-sweep`: ``report``, ``validate`` and ``compare``.
+
+Registered on the `service.cli` app; heavy imports (Ray, MLflow, plotly) happen inside.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.table import Table
+
+from service.cli import app, console, fail
+from service.cli_sweep import TRACKING_HELP, _client, _print, _success, _tracking_uri
+from service.errors import UserError
+
+
+@app.command()
+def report(
+    name: str = typer.Argument(..., help="The sweep name."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Directory for report.html and the PNGs (default: ./reports/NAME)."),
+    dashboard: Optional[Path] = typer.Option(None, help="Panel definitions (default: dashboards/report.yaml)."),
+    no_log: bool = typer.Option(False, "--no-log", help="Do not log the report to the sweep's MLflow parent run."),
+    tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
+) -> None:
+    """A self-contained HTML report (works offline) plus PNGs: ranking with 95% CIs,
+    parameter importance, success against each parameter, extrapolation MSE, solved_at,
+    learned weights, and validation on fresh seeds next to search-time success."""
+    from service.report.build import build_report
+
+    try:
+        uri = _tracking_uri(tracking_uri, must_exist=True)
+        out = output or Path("reports") / name
+        files = build_report(uri, name, out, dashboard, log_to_mlflow=not no_log)
+    except UserError as e:
+        fail(str(e))
+    from service.report.build import summary_lines
+
+    for line in summary_lines(files.data):
+        console.print(line, highlight=False)
+    console.print(f"report: [bold]{files.html.resolve()}[/] ({len(files.pngs)} PNGs)", highlight=False)
+    if files.logged_to:
+        console.print(f"logged to MLflow: {files.logged_to}", highlight=False)
+
+
+@app.command()
+def validate(
+    name: str = typer.Argument(..., help="The sweep name."),
+    top: int = typer.Option(3, min=1, help="How many of the best settings to re-run."),
+    seeds: int = typer.Option(32, min=1, help="Fresh seeds per setting (ids never used by the sweep)."),
+    range_: List[str] = typer.Option([], "--range", help="An extra extrapolation range NAME=RANGE, e.g. far=U[6,20] (repeatable)."),
+    include_pruned: bool = typer.Option(False, "--include-pruned", help="Also consider trials ASHA stopped early."),
+    address: Optional[str] = typer.Option(None, help="Ray cluster to connect to (default: start a local Ray)."),
+    tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
+) -> None:
+    """Re-run the top K settings on S fresh seeds (disjoint from every seed the sweep used)
+    on every extrapolation range of the task, as Ray tasks; each becomes a validation child
+    run of the sweep's parent run. `nalu-sweep report` then shows both side by side."""
+    from service.search.validate import parse_ranges, validate_sweep
+
+    try:
+        uri = _tracking_uri(tracking_uri, must_exist=True)
+        extra = parse_ranges(range_)
+        console.print(f"validating the top {top} settings of {name} on {seeds} fresh seeds each", highlight=False)
+        results = validate_sweep(uri, name, top, seeds, extra, address=address, include_pruned=include_pruned)
+    except UserError as e:
+        fail(str(e))
+    table = Table(title=f"validation of {name} (fresh seeds {results[0].seed_ids[0]}–{results[0].seed_ids[-1]})")
+    for col in ("trial", "search success [95% CI]", "validation success [95% CI]", "validation run"):
+        table.add_column(col)
+    for r in results:
+        table.add_row(r.source_name, _success(r.search_metrics), _success(r.metrics), r.run_id)
+    _print(table)
+    console.print(f"now: [bold]nalu-sweep report {name}[/]", highlight=False)
+
+
+@app.command()
+def compare(
+    name1: str = typer.Argument(..., help="First sweep."),
+    name2: str = typer.Argument(..., help="Second sweep."),
+    top: int = typer.Option(3, min=1, help="Best settings of each sweep to show."),
+    tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
+) -> None:
+    """Two sweeps' best settings side by side (search and, when run, validation success)."""
+    from service.report.data import load_report_data
+    from service.report.panels import short_params
+
+    try:
+        uri = _tracking_uri(tracking_uri, must_exist=True)
+        datas = []
+        for n in (name1, name2):
+            d = load_report_data(uri, n, top=0)
+            if d is None:
+                raise UserError(f"no sweep named {n!r} in {uri}")
+            datas.append(d)
+    except UserError as e:
+        fail(str(e))
+    table = Table(title=f"{name1} vs {name2}")
+    for col in ("sweep", "rank", "trial", "objective", "search success [95% CI]", "validation [95% CI]", "settings"):
+        table.add_column(col)
+    for d in datas:
+        for i, t in enumerate(d.ranked(top)):
+            v = d.validations.get(t.run_id)
+            table.add_row(d.view.name, str(i + 1), t.name, f"{t.objective:.4f}" if t.objective is not None else "—",
+                          _success(t.metrics), _success(v.metrics) if v else "—", short_params(t.params, d.searched))
+    _print(table)

@@ -1,0 +1,1 @@
+"""The robust-settings report of a sweep (`nalu-sweep report`); see build.py."""

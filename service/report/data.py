@@ -1,0 +1,146 @@
+"""Everything a report needs, read once from MLflow: the sweep, its trials, the resolved
+search space, validation runs, and the per-seed artifacts of the top settings."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from service.search.space import SearchSpace
+from service.tracking import store
+from service.tracking.queries import SweepView, TrialRow, load_sweep
+
+
+@dataclass
+class Validation:
+    run_id: str
+    name: str
+    source_run_id: str
+    seed_ids: str
+    metrics: dict[str, float]
+    seeds: list[dict[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class ReportData:
+    view: SweepView
+    space: SearchSpace | None
+    tracking_uri: str
+    validations: dict[str, Validation] = field(default_factory=dict)  # by source trial run id
+    seeds: dict[str, list[dict[str, str]]] = field(default_factory=dict)  # trial run id → seeds.csv rows
+    weights: dict[str, dict[str, Any]] = field(default_factory=dict)  # "best"/"failed" → weights JSON
+    weights_source: str = ""
+
+    def ranked(self, top: int | None = None) -> list[TrialRow]:
+        rows = self.view.ranked(include_pruned=False) or self.view.ranked(include_pruned=True)
+        return rows[:top] if top else rows
+
+    @property
+    def searched(self) -> list[str]:
+        return list(self.space.params) if self.space is not None else self.view.searched
+
+    def diverged_trials(self) -> list[TrialRow]:
+        return [t for t in self.view.trials if (t.metrics.get("diverged") or 0) > 0]
+
+    def ranges(self) -> list[str]:
+        names: list[str] = []
+        rows = list(self.view.trials) + [type("V", (), {"metrics": v.metrics})() for v in self.validations.values()]
+        for t in rows:
+            for key in t.metrics:
+                if key.startswith("extrapolation_mse_median."):
+                    name = key.partition(".")[2]
+                    if name not in names:
+                        names.append(name)
+        return names
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _download(client: Any, run_id: str, artifact: str, tmp: str) -> Path | None:
+    try:
+        return Path(store.retry(lambda: client.download_artifacts(run_id, artifact, tmp)))
+    except Exception:  # noqa: BLE001 - a pruned or failed trial has no artifacts
+        return None
+
+
+def _seed_rows(client: Any, run_id: str) -> list[dict[str, str]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        files = {a.path for a in store.retry(lambda: client.list_artifacts(run_id))}
+        name = "seeds.csv" if "seeds.csv" in files else None
+        if name is None:  # several tasks: one directory per task; read the first
+            dirs = sorted(a.path for a in store.retry(lambda: client.list_artifacts(run_id)) if a.is_dir)
+            for d in dirs:
+                if any(a.path == f"{d}/seeds.csv" for a in store.retry(lambda: client.list_artifacts(run_id, d))):
+                    name = f"{d}/seeds.csv"
+                    break
+        if name is None:
+            return []
+        path = _download(client, run_id, name, tmp)
+        return _read_csv(path) if path else []
+
+
+def _weights(client: Any, run_id: str, seeds_csv_dir: str = "") -> dict[str, dict[str, Any]]:
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for role in ("best", "failed"):
+            path = _download(client, run_id, f"{seeds_csv_dir}weights/{role}_seed.json", tmp)
+            if path is not None and path.is_file():
+                out[role] = json.loads(path.read_text())
+    return out
+
+
+def load_report_data(tracking_uri: str, name: str, top: int = 5) -> ReportData | None:
+    """The sweep ``name`` with what the panels need (``None`` when there is no such sweep)."""
+    from service.errors import UserError
+    from service.search.validate import TAG_SEED_IDS, TAG_SOURCE_RUN, load_space, validation_runs
+
+    client = store.client(tracking_uri)
+    view = load_sweep(client, name)
+    if view is None:
+        return None
+    try:
+        space = load_space(client, view.run_id)
+    except UserError:
+        space = None
+    data = ReportData(view=view, space=space, tracking_uri=tracking_uri)
+    for run in sorted(validation_runs(client, view.experiment_id, view.run_id),
+                      key=lambda r: r.info.start_time or 0):
+        if run.info.status != "FINISHED":
+            continue
+        source = run.data.tags.get(TAG_SOURCE_RUN, "")
+        data.validations[source] = Validation(
+            run.info.run_id, run.info.run_name, source, run.data.tags.get(TAG_SEED_IDS, ""),
+            dict(run.data.metrics), _seed_rows(client, run.info.run_id))
+    for trial in (data.ranked(top) if top > 0 else []):
+        if trial.outcome == "completed":
+            data.seeds[trial.run_id] = _seed_rows(client, trial.run_id)
+    ranked = data.ranked(1)
+    if ranked and top > 0:
+        best = ranked[0]
+        val = data.validations.get(best.run_id)
+        # prefer the fresh seeds' weights: a failed seed there says more than one in the search
+        for run_id, label in ((val.run_id, "validation") if val else (None, ""), (best.run_id, "search")):
+            if run_id is None:
+                continue
+            weights = _weights(client, run_id)
+            if weights:
+                data.weights, data.weights_source = weights, f"{label} run of {best.name}"
+                if "failed" in weights or label == "search":
+                    break
+    return data
+
+
+def finite(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None

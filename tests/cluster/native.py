@@ -1,0 +1,261 @@
+"""The compose topology run natively for the `cluster` test: a private PostgreSQL 15, an
+MLflow server on it (basic auth, proxied artifacts), a two-node Ray cluster on loopback.
+
+Every process is started here in its own session and stopped here by its own id (with
+the children it spawned); nothing else on the machine is touched (no `ray stop`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PG_BIN = Path(os.environ.get("NALU_SWEEP_PG_BIN", "/usr/lib/postgresql/15/bin"))
+HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"
+DB_USER = "nalu"
+ADMIN_USER = "admin"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def loopback_alias_usable(ip: str) -> bool:
+    """Linux routes all of 127/8 to lo; other systems may not."""
+    try:
+        with socket.socket() as s:
+            s.bind((ip, 0))
+        return True
+    except OSError:
+        return False
+
+
+def wait_until(check, timeout_s: float, what: str, log: Path | None = None,
+               proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            timeout_s = 0  # it died: report now
+            break
+        try:
+            if check():
+                return
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.5)
+    tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+    raise TimeoutError(f"{what} not ready" + (f" after {timeout_s:.0f} s" if timeout_s else " (it exited)")
+                       + f"\n{tail}")
+
+
+def _descendants(pid: int) -> list[int]:
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def stop_trees(procs: list[subprocess.Popen], grace_s: float = 10.0) -> None:
+    """SIGTERM processes we started and every process below them (all at once), then
+    SIGKILL whatever is left after ``grace_s``."""
+    import psutil
+
+    pids = [pid for proc in procs for pid in (proc.pid, *_descendants(proc.pid))]
+    targets = [p for p in map(_proc, pids) if p is not None]
+    for p in targets:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(targets, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _proc(pid: int):
+    import psutil
+
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        return None
+
+
+@dataclass
+class Cluster:
+    root: Path
+    pg_port: int = 0
+    pg_password: str = ""
+    mlflow_port: int = 0
+    admin_password: str = ""
+    ray_port: int = 0
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    logs: dict[str, Path] = field(default_factory=dict)
+    _pg_data: Path | None = None
+    _as_postgres: list[str] = field(default_factory=list)
+
+    # -- addresses ------------------------------------------------------------------------------
+    def db_url(self, database: str) -> str:
+        return f"postgresql+psycopg://{DB_USER}:{self.pg_password}@127.0.0.1:{self.pg_port}/{database}"
+
+    @property
+    def tracking_uri(self) -> str:
+        return f"http://127.0.0.1:{self.mlflow_port}"
+
+    @property
+    def ray_address(self) -> str:
+        return f"{HEAD_IP}:{self.ray_port}"
+
+    def client_env(self) -> dict[str, str]:
+        """Environment of a process that uses the stack (the sweep driver, the test)."""
+        return {"MLFLOW_TRACKING_USERNAME": ADMIN_USER, "MLFLOW_TRACKING_PASSWORD": self.admin_password,
+                "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = self.root / f"{name}.log"
+        self.logs[name] = log
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **(env or {})}, start_new_session=True)
+        self.procs.append(proc)
+        return proc
+
+    # -- PostgreSQL -----------------------------------------------------------------------------
+    def start_postgres(self) -> None:
+        import secrets
+
+        self.pg_password = secrets.token_urlsafe(16)
+        self.pg_port = free_port()
+        base = self.root / "pg"
+        base.mkdir()
+        data, sock = base / "data", base / "sock"
+        pwfile = base / "pw"
+        pwfile.write_text(self.pg_password + "\n")
+        if os.geteuid() == 0:  # initdb refuses to run as root: run PostgreSQL as its system user
+            import pwd
+
+            user = pwd.getpwnam("postgres")
+            for p in (base, pwfile):
+                os.chown(p, user.pw_uid, user.pw_gid)
+            base.chmod(0o700)
+            self.root.chmod(0o755)
+            self._as_postgres = ["runuser", "-u", "postgres", "--"]
+        self._pg_data = data
+        subprocess.run([*self._as_postgres, str(PG_BIN / "initdb"), "-D", str(data), "-U", DB_USER,
+                        "--pwfile", str(pwfile), "--auth-local=scram-sha-256", "--auth-host=scram-sha-256",
+                        "-E", "UTF8", "--locale=C.UTF-8"], check=True, capture_output=True)
+        pwfile.unlink()
+        sock.mkdir()
+        if self._as_postgres:
+            shutil.chown(sock, "postgres", "postgres")
+        log = base / "postgres.log"
+        self.logs["postgres"] = log
+        subprocess.run([*self._as_postgres, str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-w",
+                        "-t", "60", "-o", f"-c listen_addresses=127.0.0.1 -p {self.pg_port} "
+                        f"-c unix_socket_directories={sock} -c max_connections=60", "start"],
+                       check=True, capture_output=True)
+        import psycopg
+
+        with psycopg.connect(host="127.0.0.1", port=self.pg_port, user=DB_USER, password=self.pg_password,
+                             dbname="postgres", autocommit=True) as conn:
+            for db in ("mlflow", "mlflow_auth", "optuna"):
+                conn.execute(f"CREATE DATABASE {db}")
+
+    def stop_postgres(self) -> None:
+        if self._pg_data is not None and (self._pg_data / "postmaster.pid").exists():
+            subprocess.run([*self._as_postgres, str(PG_BIN / "pg_ctl"), "-D", str(self._pg_data), "-m", "fast",
+                            "-w", "stop"], capture_output=True, timeout=60)
+
+    # -- MLflow server --------------------------------------------------------------------------
+    def start_mlflow(self) -> None:
+        import secrets
+
+        self.admin_password = secrets.token_urlsafe(16)
+        self.mlflow_port = free_port()
+        ini = self.root / "basic_auth.ini"
+        ini.write_text("[mlflow]\ndefault_permission = READ\n"
+                       f"database_uri = {self.db_url('mlflow_auth')}\nadmin_username = {ADMIN_USER}\n"
+                       # one PBKDF2 check per minute instead of one per request (2 cores here)
+                       "auth_cache_ttl_seconds = 60\n")
+        ini.chmod(0o600)
+        artifacts = self.root / "artifacts"
+        artifacts.mkdir()
+        env = {"MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_PASSWORD": self.admin_password,
+               "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)}
+        proc = self._spawn("mlflow", [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
+                               "--backend-store-uri", self.db_url("mlflow"), "--serve-artifacts",
+                               "--artifacts-destination", artifacts.as_uri(), "--host", "127.0.0.1",
+                               "--port", str(self.mlflow_port), "--workers", "1"], env)
+        url = f"{self.tracking_uri}/health"
+        wait_until(lambda: urllib.request.urlopen(url, timeout=2).status == 200, 150, "mlflow server",
+                   self.logs["mlflow"], proc)
+
+    # -- Ray ------------------------------------------------------------------------------------
+    def _ray_ports(self, ip: str) -> list[str]:
+        low = free_port(ip)
+        return ["--node-manager-port", str(free_port(ip)), "--object-manager-port", str(free_port(ip)),
+                "--dashboard-agent-listen-port", str(free_port(ip)), "--dashboard-agent-grpc-port",
+                str(free_port(ip)), "--runtime-env-agent-port", str(free_port(ip)),
+                "--metrics-export-port", str(free_port(ip)), "--min-worker-port", "0",
+                "--max-worker-port", "0"] if low else []
+
+    def start_ray(self) -> None:
+        ray = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--num-cpus", "1",
+               "--num-gpus", "0", "--disable-usage-stats", "--object-store-memory", str(100 * 2**20)]
+        env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        # Ray keeps sockets under its temp dir: a short path (AF_UNIX paths are ≤ 107 bytes)
+        temp = Path(tempfile.mkdtemp(prefix="nsray", dir="/tmp"))
+        self.ray_temp = temp
+        self.ray_port = free_port(HEAD_IP)
+        head = self._spawn("ray-head", [*ray, "--head", "--node-ip-address", HEAD_IP, "--port", str(self.ray_port),
+                                 "--include-dashboard", "false", "--temp-dir", str(temp),
+                                 *self._ray_ports(HEAD_IP)], env)
+        wait_until(lambda: _connects(HEAD_IP, self.ray_port), 120, "ray head", self.logs["ray-head"], head)
+        worker = self._spawn("ray-worker", [*ray, "--address", self.ray_address, "--node-ip-address", WORKER_IP,
+                                   *self._ray_ports(WORKER_IP)], env)
+        wait_until(lambda: self.alive_ray_nodes() == {HEAD_IP, WORKER_IP}, 120, "ray worker node",
+                   self.logs["ray-worker"], worker)
+
+    def alive_ray_nodes(self) -> set[str]:
+        out = subprocess.run([sys.executable, "-c", (
+            "import ray, sys\n"
+            f"ray.init(address='{self.ray_address}', log_to_driver=False, logging_level='ERROR')\n"
+            "print(','.join(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))\n")],
+            capture_output=True, text=True, timeout=90,
+            env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"})
+        lines = out.stdout.strip().splitlines()
+        return set(lines[-1].split(",")) if out.returncode == 0 and lines else set()
+
+    # -- all ------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        stop_trees(self.procs)
+        self.stop_postgres()
+        temp = getattr(self, "ray_temp", None)
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def _connects(host: str, port: int) -> bool:
+    with socket.create_connection((host, port), timeout=1):
+        return True

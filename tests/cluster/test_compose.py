@@ -1,0 +1,223 @@
+"""docker-compose.yml, Dockerfile and .env.example, checked without a Docker engine:
+the Compose Specification schema (vendored in compose_spec/, see SOURCE.md there) and the
+deployment's own rules — ports on 127.0.0.1 only, no secret literal, healthchecks, a GPU
+reservation for the scalable workers, every variable documented in .env.example."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+COMPOSE_TEXT = (ROOT / "docker-compose.yml").read_text()
+COMPOSE = yaml.safe_load(COMPOSE_TEXT)
+SERVICES = COMPOSE["services"]
+ENV_EXAMPLE = ROOT / ".env.example"
+SECRET_NAME = re.compile(r"PASSWORD|SECRET|TOKEN|_KEY$")
+VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+
+
+def env_example() -> dict[str, str]:
+    out = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            out[key.strip()] = value.strip()
+    return out
+
+
+def interpolate(node, env: dict[str, str]):
+    """Compose's variable substitution: ${VAR}, ${VAR:-default}, ${VAR:?error}, $$."""
+    if isinstance(node, dict):
+        return {k: interpolate(v, env) for k, v in node.items()}
+    if isinstance(node, list):
+        return [interpolate(v, env) for v in node]
+    if not isinstance(node, str):
+        return node
+
+    def sub(m: re.Match) -> str:
+        name, op, arg = m.group(1), m.group(2), m.group(3)
+        value = env.get(name)
+        if op and op.endswith("?") and not value:
+            raise KeyError(f"{name}: {arg}")
+        if op and op.endswith("-") and not value:
+            return arg
+        return value or ""
+
+    return VAR.sub(sub, node.replace("$$", "\0")).replace("\0", "$")
+
+
+def _strings(node, path=""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _strings(v, f"{path}.{k}")
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _strings(v, f"{path}[{i}]")
+    elif isinstance(node, str):
+        yield path, node
+
+
+@pytest.fixture(scope="module")
+def validator():
+    import jsonschema
+
+    schema = json.loads((HERE / "compose_spec" / "compose-spec.json").read_text())
+    jsonschema.Draft201909Validator.check_schema(schema)
+    return jsonschema.Draft201909Validator(schema)
+
+
+def test_compose_file_matches_the_compose_specification(validator):
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(COMPOSE)]
+    assert not errors, "\n".join(errors)
+    resolved = interpolate(COMPOSE, env_example())
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(resolved)]
+    assert not errors, "\n".join(errors)
+
+
+def test_the_schema_catches_mistakes(validator):
+    broken = json.loads(json.dumps(COMPOSE))
+    broken["services"]["mlflow"]["helthcheck"] = broken["services"]["mlflow"].pop("healthcheck")
+    assert any("helthcheck" in e.message for e in validator.iter_errors(broken))
+
+
+def test_the_topology():
+    assert {"postgres", "mlflow", "ray-head", "ray-worker", "optuna-dashboard"} <= set(SERVICES)
+    assert SERVICES["optuna-dashboard"].get("profiles") == ["dashboard"]  # optional
+    assert SERVICES["postgres"]["image"].startswith("postgres:15")
+    for name in ("mlflow", "ray-head", "ray-worker", "optuna-dashboard"):
+        assert SERVICES[name]["build"]["dockerfile"] == "Dockerfile", name
+    assert set(COMPOSE["volumes"]) >= {"postgres-data", "mlflow-artifacts", "ray-storage"}
+
+
+def test_every_depends_on_target_exists_and_there_is_no_cycle():
+    graph = {}
+    for name, svc in SERVICES.items():
+        deps = svc.get("depends_on", {})
+        graph[name] = list(deps) if isinstance(deps, (list, dict)) else []
+        for dep in graph[name]:
+            assert dep in SERVICES, f"{name} depends on unknown service {dep}"
+            if isinstance(deps, dict):
+                assert deps[dep]["condition"] == "service_healthy", f"{name} → {dep}"
+                assert "healthcheck" in SERVICES[dep], dep
+    done: set[str] = set()
+
+    def visit(node: str, stack: tuple[str, ...]) -> None:
+        assert node not in stack, f"depends_on cycle: {' → '.join((*stack, node))}"
+        if node not in done:
+            for dep in graph[node]:
+                visit(dep, (*stack, node))
+            done.add(node)
+
+    for name in graph:
+        visit(name, ())
+
+
+def test_every_service_has_a_healthcheck():
+    for name, svc in SERVICES.items():
+        check = svc.get("healthcheck")
+        assert check and check.get("test") and not check.get("disable"), name
+    assert "pg_isready" in " ".join(SERVICES["postgres"]["healthcheck"]["test"])
+    assert "/health" in " ".join(SERVICES["mlflow"]["healthcheck"]["test"])
+
+
+def _published(svc: dict, env: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(host ip, host port, container port) of every published port."""
+    out = []
+    for port in interpolate(svc.get("ports", []), env):
+        if isinstance(port, dict):
+            out.append((port.get("host_ip", ""), str(port.get("published", "")), str(port["target"])))
+            continue
+        parts = str(port).split(":")
+        if len(parts) == 3:
+            out.append(tuple(parts))
+        elif len(parts) == 2:
+            out.append(("", parts[0], parts[1]))
+        else:  # "5000": a random host port on every interface
+            out.append(("", "", parts[0]))
+    return out
+
+
+def test_every_published_port_is_bound_to_localhost():
+    env = env_example()
+    for name, svc in SERVICES.items():
+        for host_ip, host_port, target in _published(svc, env):
+            assert host_ip == "127.0.0.1", f"{name} publishes {target} on {host_ip or 'all interfaces'}"
+            assert host_port, f"{name}: {target} published on a random port"
+        assert "network_mode" not in svc, name  # host networking would bypass the bindings
+
+
+def test_ray_internals_are_not_published_and_workers_scale():
+    env = env_example()
+    head = {target for _, _, target in _published(SERVICES["ray-head"], env)}
+    assert head == {"8265", "10001"}  # dashboard / job API and ray:// client, both on 127.0.0.1
+    assert not SERVICES["ray-worker"].get("ports")
+    assert "container_name" not in SERVICES["ray-worker"]  # --scale ray-worker=N needs free names
+    assert {t for _, _, t in _published(SERVICES["postgres"], env)} == {"5432"}
+
+
+def test_gpu_reservation_and_shared_memory():
+    devices = SERVICES["ray-worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    for name in ("ray-head", "ray-worker"):
+        assert SERVICES[name].get("shm_size"), name
+        mounts = [v.split(":") for v in SERVICES[name]["volumes"]]
+        assert ["ray-storage", "/shared/runs"] in [m[:2] for m in mounts], name  # shared storage path
+
+
+def test_no_secret_literal_in_the_compose_file():
+    for path, value in _strings(COMPOSE):
+        key = path.rsplit(".", 1)[-1]
+        if SECRET_NAME.search(key):
+            m = VAR.fullmatch(value)
+            assert m and SECRET_NAME.search(m.group(1)) and m.group(2) in (None, ":?", "?"), \
+                f"{path}: a secret must come from .env as ${{NAME:?…}}, got {value!r}"
+        for userinfo in re.findall(r"://[^/@\s]*:([^@/\s]*)@", value):  # passwords inside URLs
+            m = VAR.fullmatch(userinfo)
+            assert m and m.group(2) in (None, ":?", "?"), f"{path}: password literal in a URL"
+    for match in VAR.finditer(COMPOSE_TEXT):  # no default value for a secret
+        if SECRET_NAME.search(match.group(1)):
+            assert match.group(2) in (None, ":?", "?"), match.group(0)
+
+
+def test_env_example_documents_every_variable_and_holds_no_secret():
+    env = env_example()
+    used = {m.group(1) for m in VAR.finditer(COMPOSE_TEXT)}
+    assert used - set(env) == set(), f"not in .env.example: {sorted(used - set(env))}"
+    for key, value in env.items():
+        if SECRET_NAME.search(key):
+            assert value == "change-me", f"{key} in .env.example must be a placeholder"
+    ignore = (ROOT / ".dockerignore").read_text().splitlines()
+    assert ".env" in ignore and ".git" in ignore  # secrets and history stay out of the image
+
+
+def test_dockerfile():
+    text = (ROOT / "Dockerfile").read_text()
+    base = re.search(r"^ARG BASE_IMAGE=(\S+)", text, re.M)
+    assert base and re.fullmatch(r"pytorch/pytorch:[\d.]+-cuda[\d.]+-cudnn\d+-(runtime|devel)", base.group(1))
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}", text, re.M)
+    assert ".[server,dashboard]" in text and "ray[default,client]" in text
+    assert re.search(r"^USER (?!root)\w+", text, re.M)  # not root
+    for path in re.findall(r"^COPY (\S+)", text, re.M):
+        assert (ROOT / path).exists(), path
+    start = (ROOT / "deploy" / "mlflow" / "start-mlflow.sh").read_text()
+    for flag in ("--app-name basic-auth", "--serve-artifacts", "--artifacts-destination", "--allowed-hosts"):
+        assert flag in start, flag
+    command = SERVICES["mlflow"]["command"]
+    assert command == ["/opt/nalu-sweep/deploy/mlflow/start-mlflow.sh"]
+    initdb = (ROOT / "deploy" / "postgres" / "init-databases.sql").read_text()
+    assert "CREATE DATABASE mlflow_auth" in initdb and "CREATE DATABASE optuna" in initdb
+
+
+def test_the_workers_reach_the_services_by_name():
+    env = SERVICES["ray-worker"]["environment"]
+    assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    assert "@postgres:5432/optuna" in env["NALU_SWEEP_OPTUNA_STORAGE"]
+    assert env["RAY_AUTH_MODE"] == "token"
+    assert "--address=ray-head:6379" in SERVICES["ray-worker"]["command"]
