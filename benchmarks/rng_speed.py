@@ -96,6 +96,13 @@ def main() -> None:
     if native:
         row("new: rng.uniform, C kernel (eager)", rng.uniform, keys, step, SHAPE)
         row("new: rng.uniform_into, C kernel (eager)", rng.uniform_into, out, keys, step)
+        runs = ((16, 41), (29, 54))  # the arithmetic task's two operand runs
+        bufs = (out, torch.empty(S, SHAPE[0], len(runs)))
+        row("rng.sample on U[1,2] + 2 row sums, into buffers", rng.sample, keys, step, SHAPE,
+            ((1.0, 2.0),), runs, bufs)
+        row("  the same by torch: uniform, map, 2 slice sums",
+            lambda: (lambda x: (x, x[..., 16:41].sum(-1), x[..., 29:54].sum(-1)))(
+                rng.uniform(keys, step, SHAPE) * 1.0 + 1.0))
     row("new: torch ops, eager (fallback / no compiler)", rng._uniform_torch, keys, step, n)
     row("(memory floor: out.fill_(0.5))", lambda: out.fill_(0.5))
 

@@ -43,16 +43,28 @@ Implementations, bit-for-bit identical
 --------------------------------------
 * CPU: a small C kernel (AVX2 when the CPU has it, else portable C) compiled once with the
   system C compiler (~1 s) into a per-user cache (``$NALU_SWEEP_CACHE`` or
-  ``~/.cache/nalu-sweep``) and called through ctypes; inside ``torch.compile`` it is the
-  opaque custom op ``nalu_sweep::rng_uniform``.  ~0.3 ms for [100, 128, 100] on one
-  thread (``torch.rand``: ~4.5 ms).
-* Otherwise (CUDA, no C compiler, or ``NALU_SWEEP_RNG_NATIVE=0``): the same function in
-  int32 torch ops; fused by inductor/triton when compiled, in place when eager.
+  ``~/.cache/nalu-sweep``, see `service.native`) and called through ctypes; inside
+  ``torch.compile`` it is the opaque op ``nalu_sweep::rng_uniform``.  ~0.3 ms for
+  [100, 128, 100] on one thread (``torch.rand``: ~4.5 ms).
+* Otherwise (CUDA, no C compiler, ``NALU_SWEEP_RNG_NATIVE=0`` or ``NALU_SWEEP_NATIVE=0``):
+  the same function in int32 torch ops; fused by inductor/triton when compiled, in place
+  when eager.
+
+Training batches: `sample`
+--------------------------
+``sample(keys, counter, shape, intervals, row_sums)`` is ``uniform`` mapped onto a range
+(a union of intervals, `map_to_intervals`, the formula of ``Range.from_uniform``) plus the
+sums of runs of each row (the operands of the subset tasks). The C kernel does all three
+in one pass, chunk by chunk in L1 (~0.4 ms for [100, 128, 100] with two sums, against
+~1.2 ms for the draw, the map and two slice sums as separate torch passes); ``x`` is
+bit-for-bit the torch formula, the sums are float32 in the kernel's own order. Inside
+``torch.compile`` it is the op ``nalu_sweep::rng_sample``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -261,20 +273,41 @@ static inline float hsum_avx2(__m256 v) {
 }
 
 __attribute__((target("avx2")))
+static inline __m256 run_sum8(const float *row, int64_t a, int64_t e) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = a;
+    for (; i + 8 <= e; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(row + i));
+    if (i < e) {
+        const __m256i msk = _mm256_loadu_si256((const __m256i *)(nalu_mask_tab + 8 - (e - i)));
+        acc = _mm256_add_ps(acc, _mm256_maskload_ps(row + i, msk));
+    }
+    return acc;
+}
+
+/* Row sums: 8 rows at a time, their 8 lane-accumulators reduced together (a transpose by
+   horizontal adds), the rest row by row. */
+__attribute__((target("avx2")))
 static void sums_avx2(float *sums, const float *o, int64_t rows, int64_t cols,
                       int64_t K, const int64_t *starts, const int64_t *ends) {
-    for (int64_t r = 0; r < rows; r++) {
+    int64_t r = 0;
+    for (; r + 8 <= rows; r += 8) {
         const float *row = o + r * cols;
         for (int64_t j = 0; j < K; j++) {
-            __m256 acc = _mm256_setzero_ps();
-            int64_t i = starts[j];
-            for (; i + 8 <= ends[j]; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(row + i));
-            if (i < ends[j]) {
-                const __m256i msk = _mm256_loadu_si256((const __m256i *)(nalu_mask_tab + 8 - (ends[j] - i)));
-                acc = _mm256_add_ps(acc, _mm256_maskload_ps(row + i, msk));
-            }
-            sums[r * K + j] = hsum_avx2(acc);
+            const int64_t a = starts[j], e = ends[j];
+            const __m256 t0 = _mm256_hadd_ps(run_sum8(row, a, e), run_sum8(row + cols, a, e));
+            const __m256 t1 = _mm256_hadd_ps(run_sum8(row + 2 * cols, a, e), run_sum8(row + 3 * cols, a, e));
+            const __m256 t2 = _mm256_hadd_ps(run_sum8(row + 4 * cols, a, e), run_sum8(row + 5 * cols, a, e));
+            const __m256 t3 = _mm256_hadd_ps(run_sum8(row + 6 * cols, a, e), run_sum8(row + 7 * cols, a, e));
+            const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+            const __m256 v = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+            float tmp[8];
+            _mm256_storeu_ps(tmp, v);
+            for (int q = 0; q < 8; q++) sums[(r + q) * K + j] = tmp[q];
         }
+    }
+    for (; r < rows; r++) {
+        const float *row = o + r * cols;
+        for (int64_t j = 0; j < K; j++) sums[r * K + j] = hsum_avx2(run_sum8(row, starts[j], ends[j]));
     }
 }
 
@@ -320,7 +353,8 @@ int nalu_rng_sample(float *out, const int64_t *keys, int64_t S, int64_t counter,
     for (int64_t k = 0; k < n_iv; k++) { m.lo[k] = lo[k]; m.off[k] = off[k]; }
     const int avx2 = nalu_has_avx2();
     const int64_t n = rows * cols;
-    const int64_t chunk_rows = cols >= NALU_CHUNK ? 1 : NALU_CHUNK / cols;
+    int64_t chunk_rows = cols >= NALU_CHUNK ? 1 : NALU_CHUNK / cols;
+    if (chunk_rows > 8) chunk_rows -= chunk_rows % 8;  /* whole groups of 8 rows for the sums */
     for (int64_t s = 0; s < S; s++) {
         uint32_t g, b;
         stream_words((uint32_t)keys[s], counter, &g, &b);
@@ -345,7 +379,6 @@ int nalu_rng_sample(float *out, const int64_t *keys, int64_t S, int64_t counter,
 """
 
 _lib_state: dict[str, object] = {}  # "fn", "sample": ctypes functions or None; "avx2"; "error"
-_F32P = ctypes.POINTER(ctypes.c_float)
 
 
 def _setup(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -354,8 +387,8 @@ def _setup(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.nalu_rng_sample.restype = ctypes.c_int
     lib.nalu_rng_sample.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-        ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_float,
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.c_int64, ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_float), ctypes.c_float,
+        ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_int64),
     ]
     return lib
 
@@ -390,14 +423,25 @@ def _fill_native(out: torch.Tensor, keys: torch.Tensor, counter: int, n: int) ->
     _native_fn()(out.data_ptr(), keys.data_ptr(), keys.numel(), int(counter), n)
 
 
-@torch.library.custom_op("nalu_sweep::rng_uniform", mutates_args=(), device_types="cpu")
+# The ops run inside compiled graphs. Declared with `torch.library.Library` (~6 µs a call)
+# rather than `torch.library.custom_op` (~25 µs): they need no autograd and no Python-side
+# argument processing.
+OPS = torch.library.Library("nalu_sweep", "FRAGMENT")
+OPS.define("rng_uniform(Tensor keys, Tensor counter, int n) -> Tensor")
+OPS.define("rng_sample(Tensor keys, Tensor counter, int rows, int cols, float[] lows, float[] highs, "
+           "int[] starts, int[] ends) -> (Tensor, Tensor)")
+
+
 def _rng_uniform_op(keys: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
     out = torch.empty(keys.shape[0], n, dtype=torch.float32)
     _fill_native(out, keys, int(counter), n)
     return out
 
 
-@_rng_uniform_op.register_fake
+OPS.impl("rng_uniform", _rng_uniform_op, "CPU")
+
+
+@torch.library.register_fake("nalu_sweep::rng_uniform")
 def _(keys: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
     return keys.new_empty((keys.shape[0], n), dtype=torch.float32)
 
@@ -432,27 +476,32 @@ def map_to_intervals(u: torch.Tensor, intervals: Intervals) -> torch.Tensor:
     return out
 
 
-def _sample_native(x: torch.Tensor, sums: torch.Tensor, keys: torch.Tensor, counter: int,
-                   intervals: Intervals, ranges: tuple[tuple[int, int], ...]) -> None:
-    cols = x.shape[-1]
-    rows = x[0].numel() // cols
+@functools.lru_cache(maxsize=64)
+def _sample_args(intervals: Intervals, runs: tuple[tuple[int, int], ...]) -> tuple:
+    """The kernel's constant arguments for a range and its runs (ctypes arrays, cached)."""
+    if len(intervals) > _MAX_INTERVALS:
+        raise ValueError(f"sample: at most {_MAX_INTERVALS} intervals")
     total, lows, offsets = _interval_constants(intervals)
+    k = len(runs)
     lo_arr = (ctypes.c_float * len(lows))(*lows)
     off_arr = (ctypes.c_float * len(offsets))(*offsets)
-    k = len(ranges)
-    starts = (ctypes.c_int64 * max(k, 1))(*[a for a, _ in ranges])
-    ends = (ctypes.c_int64 * max(k, 1))(*[e for _, e in ranges])
-    keys = keys.to(torch.int64).contiguous()
-    if len(lows) > _MAX_INTERVALS:
-        raise ValueError(f"sample: at most {_MAX_INTERVALS} intervals")
-    _lib().nalu_rng_sample(
-        x.data_ptr(), keys.data_ptr(), keys.numel(), int(counter), rows, cols,
-        len(lows), ctypes.addressof(lo_arr), ctypes.addressof(off_arr), total,
-        sums.data_ptr() if k else None, k, ctypes.addressof(starts), ctypes.addressof(ends),
+    starts = (ctypes.c_int64 * max(k, 1))(*[a for a, _ in runs])
+    ends = (ctypes.c_int64 * max(k, 1))(*[e for _, e in runs])
+    return len(lows), lo_arr, off_arr, total, k, starts, ends
+
+
+def _sample_native(x: torch.Tensor, sums: torch.Tensor, keys: torch.Tensor, counter: int,
+                   intervals: Intervals, runs: tuple[tuple[int, int], ...]) -> None:
+    cols = x.shape[-1]
+    n_iv, lo_arr, off_arr, total, k, starts, ends = _sample_args(intervals, runs)
+    if keys.dtype != torch.int64 or not keys.is_contiguous():
+        keys = keys.to(torch.int64).contiguous()
+    _lib_state["lib"].nalu_rng_sample(
+        x.data_ptr(), keys.data_ptr(), keys.shape[0], counter, x[0].numel() // cols, cols,
+        n_iv, lo_arr, off_arr, total, sums.data_ptr() if k else None, k, starts, ends,
     )
 
 
-@torch.library.custom_op("nalu_sweep::rng_sample", mutates_args=(), device_types="cpu")
 def _rng_sample_op(keys: torch.Tensor, counter: torch.Tensor, rows: int, cols: int,
                    lows: list[float], highs: list[float], starts: list[int], ends: list[int]
                    ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -462,7 +511,10 @@ def _rng_sample_op(keys: torch.Tensor, counter: torch.Tensor, rows: int, cols: i
     return x, sums
 
 
-@_rng_sample_op.register_fake
+OPS.impl("rng_sample", _rng_sample_op, "CPU")
+
+
+@torch.library.register_fake("nalu_sweep::rng_sample")
 def _(keys, counter, rows, cols, lows, highs, starts, ends):
     return (keys.new_empty((keys.shape[0], rows, cols), dtype=torch.float32),
             keys.new_empty((keys.shape[0], rows, len(starts)), dtype=torch.float32))
@@ -531,22 +583,18 @@ def sample(
     differ from torch's ``sum`` in the last bits). ``out = (x, sums)``: contiguous float32
     buffers to fill instead of allocating (eager only; ignored when compiling or off CPU).
     """
-    shape = tuple(int(d) for d in shape)
-    intervals = tuple((float(lo), float(hi)) for lo, hi in intervals)
-    row_sums = tuple((int(a), int(e)) for a, e in row_sums)
-    if not shape:
-        raise ValueError("sample: shape needs at least one dimension (the row)")
-    cols = shape[-1]
-    for a, e in row_sums:
-        if not 0 <= a < e <= cols:
-            raise ValueError(f"sample: row sum range [{a}, {e}) is not inside rows of {cols}")
-    n = _numel(shape)
-    if n >= 1 << 31:
-        raise ValueError(f"sample: {n} numbers per seed is more than the 2**31 one stream holds")
+    if torch.compiler.is_compiling():  # dynamo traces the checks into constants
+        shape, intervals, row_sums, rows, cols = _sample_plan.__wrapped__(shape, intervals, row_sums)
+    else:
+        try:
+            shape, intervals, row_sums, rows, cols = _sample_plan(shape, intervals, row_sums)
+        except TypeError:  # lists somewhere: not hashable
+            shape, intervals, row_sums, rows, cols = _sample_plan.__wrapped__(shape, intervals, row_sums)
     S = keys.shape[0]
-    rows = n // cols if cols else 0
+    n = rows * cols
     sums_shape = (S, *shape[:-1], len(row_sums))
-    if keys.device.type == "cpu" and S > 0 and n > 0 and native_available():
+    if (keys.device.type == "cpu" and S > 0 and n > 0 and len(intervals) <= _MAX_INTERVALS
+            and native_available()):
         if torch.compiler.is_compiling():
             c = torch.as_tensor(counter, dtype=torch.int64)
             x, sums = torch.ops.nalu_sweep.rng_sample(
@@ -566,6 +614,26 @@ def sample(
     else:
         sums = x.new_empty(sums_shape)
     return x, sums
+
+
+@functools.lru_cache(maxsize=256)
+def _sample_plan(shape, intervals, row_sums) -> tuple:
+    """Checked, normalised arguments of `sample`: (shape, intervals, row_sums, rows, cols)."""
+    shape = tuple(int(d) for d in shape)
+    intervals = tuple((float(lo), float(hi)) for lo, hi in intervals)
+    row_sums = tuple((int(a), int(e)) for a, e in row_sums)
+    if not shape:
+        raise ValueError("sample: shape needs at least one dimension (the row)")
+    if not intervals:
+        raise ValueError("sample: at least one interval")
+    cols = shape[-1]
+    for a, e in row_sums:
+        if not 0 <= a < e <= cols:
+            raise ValueError(f"sample: row sum range [{a}, {e}) is not inside rows of {cols}")
+    n = _numel(shape)
+    if n >= 1 << 31:
+        raise ValueError(f"sample: {n} numbers per seed is more than the 2**31 one stream holds")
+    return shape, intervals, row_sums, (n // cols if cols else 0), cols
 
 
 def _usable_buffers(out: tuple[torch.Tensor, torch.Tensor], x_shape: tuple[int, ...],

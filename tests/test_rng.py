@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from service import rng
+from service.tasks.ranges import Range
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = torch.tensor([(i * 2654435761 + 12345) & 0x7FFF_FFFF for i in range(100)], dtype=torch.int64)
@@ -221,3 +222,62 @@ def test_compiled_matches_eager():
         ex, en = step_batch(KEYS, step)
         assert torch.equal(x, ex) and torch.equal(noise, en)
         assert torch.equal(compiled_ops(KEYS, step), rng.uniform(KEYS, step, SHAPE))
+
+
+# -- sample: draw, map onto a range and sum runs in one pass ----------------------------------
+RANGES = [((1.0, 2.0),), ((-6.0, -2.0), (2.0, 6.0)), ((0.1, 0.2),), ((-2.0, -1.0), (0.5, 0.75), (3.0, 9.0)),
+          tuple((2.0 * k, 2.0 * k + 1.0) for k in range(10))]  # more than the kernel takes: torch
+
+
+@pytest.mark.parametrize("intervals", RANGES)
+@pytest.mark.parametrize("shape, runs", [((128, 100), ((16, 41), (29, 54))), ((7, 13), ((0, 13), (3, 4))),
+                                         ((37,), ((0, 9),)), ((5, 3), ())])
+def test_sample_is_the_mapped_uniform_with_its_row_sums(intervals, shape, runs):
+    for counter in (0, 5_000_000, (1 << 40) + 3):
+        x, sums = rng.sample(KEYS, torch.tensor(counter), shape, intervals, runs)
+        u = rng.uniform(KEYS, counter, shape)
+        assert torch.equal(x, rng.map_to_intervals(u, intervals))
+        assert torch.equal(x, Range(intervals=intervals).from_uniform(u))
+        assert sums.shape == (100, *shape[:-1], len(runs))
+        for j, (a, e) in enumerate(runs):
+            torch.testing.assert_close(sums[..., j], x[..., a:e].sum(-1), rtol=1e-6, atol=1e-5)
+
+
+def test_sample_lands_in_the_range_by_length():
+    x, _ = rng.sample(KEYS, 3, SHAPE, ((-6.0, -2.0), (2.0, 8.0)))
+    assert ((x >= -6) & (x < -2) | (x >= 2) & (x < 8)).all()
+    share = float((x < 0).double().mean())
+    assert abs(share - 0.4) < 0.005  # lengths 4 and 6
+
+
+def test_sample_fills_buffers_and_torch_path_agrees(monkeypatch):
+    runs = ((16, 41), (29, 54))
+    out = (torch.empty(100, *SHAPE), torch.empty(100, SHAPE[0], 2))
+    x, sums = rng.sample(KEYS, 42, SHAPE, ((1.0, 2.0),), runs, out=out)
+    assert x is out[0] and sums is out[1]
+    monkeypatch.setattr(rng, "native_available", lambda: False)
+    tx, tsums = rng.sample(KEYS, 42, SHAPE, ((1.0, 2.0),), runs, out=out)
+    assert tx is not out[0]
+    assert torch.equal(tx, x)
+    torch.testing.assert_close(tsums, sums, rtol=1e-6, atol=1e-5)
+
+
+def test_sample_rejects_bad_runs():
+    with pytest.raises(ValueError):
+        rng.sample(KEYS, 0, SHAPE, ((1.0, 2.0),), ((90, 101),))
+    with pytest.raises(ValueError):
+        rng.sample(KEYS, 0, SHAPE, ((1.0, 2.0),), ((5, 5),))
+
+
+@pytest.mark.slow
+def test_compiled_sample_matches_eager():
+    torch._dynamo.reset()
+
+    def draw(keys, step):
+        return rng.sample(keys, step, SHAPE, ((-6.0, -2.0), (2.0, 6.0)), ((16, 41), (29, 54)))
+
+    compiled = torch.compile(draw, fullgraph=True, dynamic=False)
+    for counter in (0, 5_000_000):
+        step = torch.tensor(counter)
+        (x, s), (ex, es) = compiled(KEYS, step), draw(KEYS, step)
+        assert torch.equal(x, ex) and torch.equal(s, es)

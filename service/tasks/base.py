@@ -99,6 +99,13 @@ class Task(BaseModel):
         sel = self.selection().to(dtype=x.dtype, device=x.device)
         return self.apply_operation(x @ sel.T)
 
+    def operand_runs(self) -> tuple[tuple[int, int], ...] | None:
+        """``((start, end), ...)`` when each operand is the plain sum ``x[..., start:end]``
+        (so ``target(x) == apply_operation(those sums)``), else None. The trainer then
+        draws each batch together with these sums (`service.rng.sample`) instead of
+        re-reading the batch for the target."""
+        return None
+
     def ranges(self) -> dict[str, Range]:
         """Every named range: ``interpolation`` first, then the extrapolation ranges."""
         return {"interpolation": self.interpolation, **self.extrapolation}

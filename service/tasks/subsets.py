@@ -83,6 +83,9 @@ class SubsetTask(Task):
         sel[1, b0:b1] = 1.0
         return sel
 
+    def operand_runs(self) -> tuple[tuple[int, int], ...]:
+        return self.subset_bounds()
+
     def subset_sums(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(a, b)``, each ``[...]``, as slice sums of ``x [..., I]``."""
         (a0, a1), (b0, b1) = self.subset_bounds()

@@ -42,14 +42,25 @@ class BatchedOptimizer:
         lr = c.lr if lr is None else lr
         self.steps += 1
         if c.name == "adam":
+            # per parameter: m ← lerp(m, g, 1 − β1); v ← β2 v + (1 − β2) g²;
+            # p ← p − lr m / ((√(v / bc2) + ε) bc1), with per-seed bias corrections bc1, bc2.
+            # The _foreach_ forms do exactly these operations, one call for all parameters.
             b1, b2 = c.betas
             bc1 = 1 - b1 ** self.steps
             bc2 = 1 - b2 ** self.steps
-            for p, g, (m, v) in zip(self.params, grads, self.state):
-                m.lerp_(g, 1 - b1)
-                v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                denom = (v / self._per_seed(bc2, p)).sqrt_().add_(c.eps)
-                p.sub_(lr * m / (denom * self._per_seed(bc1, p)))
+            ms = [st[0] for st in self.state]
+            vs = [st[1] for st in self.state]
+            grads = list(grads)
+            torch._foreach_lerp_(ms, grads, 1 - b1)
+            torch._foreach_mul_(vs, b2)
+            torch._foreach_addcmul_(vs, grads, grads, value=1 - b2)
+            denom = torch._foreach_div(vs, [self._per_seed(bc2, p) for p in self.params])
+            torch._foreach_sqrt_(denom)
+            torch._foreach_add_(denom, c.eps)
+            torch._foreach_mul_(denom, [self._per_seed(bc1, p) for p in self.params])
+            step = torch._foreach_mul(ms, lr)
+            torch._foreach_div_(step, denom)
+            torch._foreach_sub_(self.params, step)
         elif c.name == "rmsprop":
             for p, g, (v,) in zip(self.params, grads, self.state):
                 v.mul_(c.alpha).addcmul_(g, g, value=1 - c.alpha)

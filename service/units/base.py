@@ -35,6 +35,31 @@ class ForwardContext:
 ExactMode = Literal["add", "mul"]
 
 
+class _MeanDistanceToBounds(torch.autograd.Function):
+    """Per-seed ``mean(min(a, 1 − a))`` over the trailing dimensions, with exactly the
+    gradient autograd gives that formula (``±1/n`` where ``a < 1 − a`` / ``a > 1 − a``, 0 at
+    the tie, where ``minimum`` splits the gradient evenly between its two equal inputs),
+    computed in three operations instead of the ~10 of ``mean`` ∘ ``minimum`` ∘ ``rsub``."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor) -> Tensor:
+        b = 1 - a
+        ctx.save_for_backward(a, b)
+        return torch.minimum(a, b).flatten(1).mean(1)
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        a, b = ctx.saved_tensors
+        n = a[0].numel()
+        # sign(b − a): b − a is 0 only when b == a (IEEE subtraction), so this is the tie rule
+        return (g / n).view(-1, *([1] * (a.dim() - 1))) * torch.sign(b - a)
+
+
+def mean_distance_to_bounds(a: Tensor) -> Tensor:
+    """``min(a, 1 − a).flatten(1).mean(1)`` (the NAU/NMU sparsity regulariser, ``[S]``)."""
+    return _MeanDistanceToBounds.apply(a)
+
+
 class Unit(nn.Module):
     """Base class. Subclasses set ``name`` and ``Options`` and implement the abstract hooks."""
 

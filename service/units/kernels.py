@@ -1,18 +1,21 @@
-"""A native CPU kernel for the seed-batched linear map ``z = W x`` with few outputs.
+"""Native CPU kernels for the two hot layers of the papers' models.
 
-Every additive layer of the papers' models is narrow: ``W [S, out, in]`` with ``out`` 1 or
-2, applied to ``x [S, B, in]`` (``in`` = 100 on the arithmetic task). ``torch.bmm`` spends
-~3 µs of set-up per seed on such tiny matrices (~0.3 ms per call at S = 100 on one CPU
-thread, forward and weight gradient alike); this kernel streams over the rows instead
-(~0.12 ms forward, ~0.15 ms weight gradient at S = 100).
-
+**Linear, few outputs.** Every additive layer of the papers' models is narrow: ``W [S,
+out, in]`` with ``out`` 1 or 2, applied to ``x [S, B, in]`` (``in`` = 100 on the arithmetic
+task). ``torch.bmm`` spends ~3 µs of set-up per seed on such tiny matrices (~0.3 ms per
+call at S = 100 on one CPU thread, forward and weight gradient alike); this kernel
+streams over the rows instead (~0.12 ms forward, ~0.15 ms weight gradient at S = 100).
 The maths is that of ``torch.matmul`` in float32: only the order of the additions inside
 each dot product differs (8-lane partial sums, then a fixed pairwise reduction), and each
 seed's numbers are computed from that seed's data alone, whatever its batch mates.
+`linear(x, w)` uses it on CPU float32 tensors when it is built (see `service.native`; it
+needs AVX2 and FMA) and ``out`` is small, else ``torch.matmul``; under ``torch.compile``
+it runs as the opaque ops ``nalu_sweep::linear_fwd`` / ``linear_dw``.
 
-`linear(x, w)` uses the kernel on CPU float32 tensors when it is built (see
-`service.native`) and ``out`` is small, else ``torch.matmul``; under ``torch.compile`` the
-kernel runs as the opaque custom ops ``nalu_sweep::linear_fwd`` / ``linear_dw``.
+**NMU with two inputs** (eager only: inductor fuses the torch formula just as well). The
+~10 small tensor operations of the forward and backward become one call each (~0.35 →
+~0.05 ms at S = 100); the forward does the same float operations as the torch formula, so
+its outputs are identical.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ import ctypes
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from service import native
 
-MAX_OUT = 16
-"""Widest ``out`` the kernel takes (it handles outputs in pairs; wider layers use bmm)."""
+MAX_OUT = 4
+"""Widest ``out`` the kernel takes: it passes over the rows once per pair of outputs, so from
+~8 outputs on ``bmm`` is faster (measured at S = 100, B = 128, in = 100 and 8)."""
 
 _C_SOURCE = r"""
 #include <stdint.h>
@@ -63,9 +68,17 @@ static void fwd_avx2(float *z, const float *x, const float *w, int64_t S, int64_
         for (int64_t o0 = 0; o0 < O; o0 += 2) {
             const int two = o0 + 1 < O;
             const float *w0 = ws + o0 * I, *w1 = ws + (o0 + two) * I;
+            /* an evaluation set shared by every seed (xs == 0; compute-bound, x stays in L1)
+               reduces the 8 dot products of a block at once (below) and takes the last rows
+               through the same block code (repeating the last row), so every row's number is
+               the same whatever the row count, i.e. whatever the evaluation chunk */
+            const int shared = xs == 0 && two;
             int64_t b = 0;
-            for (; b + 4 <= B; b += 4) {  /* 4 rows x 2 outputs: 8 independent accumulators */
-                const float *r0 = xsd + b * xr, *r1 = r0 + xr, *r2 = r1 + xr, *r3 = r2 + xr;
+            for (; b + 4 <= B || (shared && b < B); b += 4) {  /* 4 rows x 2 outputs: 8 accumulators */
+                const float *r0 = xsd + b * xr;
+                const float *r1 = xsd + (b + 1 < B ? b + 1 : B - 1) * xr;
+                const float *r2 = xsd + (b + 2 < B ? b + 2 : B - 1) * xr;
+                const float *r3 = xsd + (b + 3 < B ? b + 3 : B - 1) * xr;
                 __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
                 __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
                 int64_t k = 0;
@@ -78,6 +91,17 @@ static void fwd_avx2(float *z, const float *x, const float *w, int64_t S, int64_
                     ACC4(c0, c1, LOADM)
                 }
                 float *zb = zs + b * O + o0;
+                if (shared) {
+                    /* horizontal adds transpose-reduce the 8 accumulators into
+                       [z(b, o0), z(b, o0 + 1), z(b + 1, o0), ..., z(b + 3, o0 + 1)] */
+                    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a00, a01), _mm256_hadd_ps(a10, a11));
+                    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a20, a21), _mm256_hadd_ps(a30, a31));
+                    float t[8];
+                    _mm256_storeu_ps(t, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                                                      _mm256_permute2f128_ps(u0, u1, 0x31)));
+                    for (int r = 0; r < 4 && b + r < B; r++) { zb[r * O] = t[2 * r]; zb[r * O + 1] = t[2 * r + 1]; }
+                    continue;
+                }
                 zb[0] = hsum8(a00); zb[O] = hsum8(a10); zb[2 * O] = hsum8(a20); zb[3 * O] = hsum8(a30);
                 if (two) {
                     zb[1] = hsum8(a01); zb[O + 1] = hsum8(a11); zb[2 * O + 1] = hsum8(a21); zb[3 * O + 1] = hsum8(a31);
@@ -188,25 +212,103 @@ int nalu_linear_dw(float *dw, const float *g, const float *x, int64_t S, int64_t
 }
 
 int nalu_linear_isa(void) { return has_avx2_fma(); }
+
+/* NMU with two inputs (portable C, float32, no contraction: the same operations as torch).
+   f_i = w[s, o, i] * (x[s, b, i] - 1) + 1;  z[s, b, o] = f_0 * f_1.
+   x: [S, B, 2] with seed stride xs, row stride xr and element stride xe; w: [S, O, 2]. */
+void nalu_nmu2_fwd(float *z, const float *x, const float *w, int64_t S, int64_t B, int64_t O,
+                   int64_t xs, int64_t xr, int64_t xe) {
+    if (O == 1 && xr == 2 && xe == 1 && xs == 2 * B) {  /* the usual case: one contiguous loop */
+        for (int64_t s = 0; s < S; s++) {
+            const float wa = w[2 * s], wc = w[2 * s + 1];
+            const float *xsd = x + s * xs;
+            float *zs = z + s * B;
+            for (int64_t b = 0; b < B; b++)
+                zs[b] = (wa * (xsd[2 * b] - 1.0f) + 1.0f) * (wc * (xsd[2 * b + 1] - 1.0f) + 1.0f);
+        }
+        return;
+    }
+    for (int64_t s = 0; s < S; s++) {
+        const float *ws = w + s * O * 2;
+        for (int64_t b = 0; b < B; b++) {
+            const float *xb = x + s * xs + b * xr;
+            const float a = xb[0] - 1.0f, c = xb[xe] - 1.0f;
+            float *zb = z + (s * B + b) * O;
+            for (int64_t o = 0; o < O; o++)
+                zb[o] = (ws[2 * o] * a + 1.0f) * (ws[2 * o + 1] * c + 1.0f);
+        }
+    }
+}
+
+/* Gradients of nalu_nmu2_fwd for the upstream gradient g [S, B, O] (contiguous):
+   gx [S, B, 2] (skipped when NULL) and gw [S, O, 2], both contiguous. */
+void nalu_nmu2_bwd(float *gx, float *gw, const float *g, const float *x, const float *w,
+                   int64_t S, int64_t B, int64_t O, int64_t xs, int64_t xr, int64_t xe) {
+    if (O == 1 && xr == 2 && xe == 1 && xs == 2 * B && gx) {  /* the usual case, vectorisable */
+        for (int64_t s = 0; s < S; s++) {
+            const float wa = w[2 * s], wc = w[2 * s + 1];
+            const float *xsd = x + s * xs, *gs = g + s * B;
+            float *gxs = gx + s * 2 * B;
+            float sa = 0.0f, sc = 0.0f;
+            for (int64_t b = 0; b < B; b++) {
+                const float a = xsd[2 * b] - 1.0f, c = xsd[2 * b + 1] - 1.0f;
+                const float ga = gs[b] * (wc * c + 1.0f), gc = gs[b] * (wa * a + 1.0f);
+                sa += ga * a;
+                sc += gc * c;
+                gxs[2 * b] = ga * wa;
+                gxs[2 * b + 1] = gc * wc;
+            }
+            gw[2 * s] = sa;
+            gw[2 * s + 1] = sc;
+        }
+        return;
+    }
+    for (int64_t s = 0; s < S; s++) {
+        const float *ws = w + s * O * 2;
+        float *gws = gw + s * O * 2;
+        for (int64_t k = 0; k < O * 2; k++) gws[k] = 0.0f;
+        for (int64_t b = 0; b < B; b++) {
+            const float *xb = x + s * xs + b * xr;
+            const float a = xb[0] - 1.0f, c = xb[xe] - 1.0f;
+            const float *gb = g + (s * B + b) * O;
+            float gxa = 0.0f, gxc = 0.0f;
+            for (int64_t o = 0; o < O; o++) {
+                const float wa = ws[2 * o], wc = ws[2 * o + 1];
+                const float ga = gb[o] * (wc * c + 1.0f), gc = gb[o] * (wa * a + 1.0f);
+                gws[2 * o] += ga * a;
+                gws[2 * o + 1] += gc * c;
+                gxa += ga * wa;
+                gxc += gc * wc;
+            }
+            if (gx) { gx[(s * B + b) * 2] = gxa; gx[(s * B + b) * 2 + 1] = gxc; }
+        }
+    }
+}
 """
 
 
-def _setup(lib: ctypes.CDLL) -> ctypes.CDLL | None:
+def _setup(lib: ctypes.CDLL) -> ctypes.CDLL:
     args = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
     for fn in (lib.nalu_linear_fwd, lib.nalu_linear_dw):
         fn.restype = ctypes.c_int
         fn.argtypes = args
-    return lib if lib.nalu_linear_isa() else None  # no AVX2/FMA: torch is as good
+    lib.nalu_nmu2_fwd.restype = None
+    lib.nalu_nmu2_fwd.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
+    lib.nalu_nmu2_bwd.restype = None
+    lib.nalu_nmu2_bwd.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6
+    return lib
 
 
 def _lib() -> ctypes.CDLL | None:
-    return native.load("linear", _C_SOURCE, _setup)
+    return native.load("units", _C_SOURCE, _setup)
 
 
 @torch.compiler.assume_constant_result
 def native_available() -> bool:
-    """Whether `linear` can use the native kernel on this machine (builds it on first use)."""
-    return _lib() is not None
+    """Whether `linear` can use the native kernel on this machine (builds it on first use;
+    it needs AVX2 and FMA)."""
+    lib = _lib()
+    return lib is not None and bool(lib.nalu_linear_isa())
 
 
 def _fwd_native(x: Tensor, w: Tensor) -> Tensor:
@@ -226,22 +328,21 @@ def _dw_native(g: Tensor, x: Tensor) -> Tensor:
     return dw
 
 
-@torch.library.custom_op("nalu_sweep::linear_fwd", mutates_args=(), device_types="cpu")
-def _linear_fwd_op(x: Tensor, w: Tensor) -> Tensor:
-    return _fwd_native(_rows_contiguous(x), w.contiguous())
+# Ops for compiled graphs, declared with `torch.library.Library` (a few µs a call, against
+# ~25 µs for `torch.library.custom_op`); autograd is `_NativeLinear`'s, around them.
+OPS = torch.library.Library("nalu_sweep", "FRAGMENT")
+OPS.define("linear_fwd(Tensor x, Tensor w) -> Tensor")
+OPS.define("linear_dw(Tensor g, Tensor x) -> Tensor")
+OPS.impl("linear_fwd", lambda x, w: _fwd_native(_rows_contiguous(x), w.contiguous()), "CPU")
+OPS.impl("linear_dw", lambda g, x: _dw_native(g, _rows_contiguous(x)), "CPU")
 
 
-@_linear_fwd_op.register_fake
+@torch.library.register_fake("nalu_sweep::linear_fwd")
 def _(x, w):
     return x.new_empty((x.shape[0], x.shape[1], w.shape[1]))
 
 
-@torch.library.custom_op("nalu_sweep::linear_dw", mutates_args=(), device_types="cpu")
-def _linear_dw_op(g: Tensor, x: Tensor) -> Tensor:
-    return _dw_native(g, _rows_contiguous(x))
-
-
-@_linear_dw_op.register_fake
+@torch.library.register_fake("nalu_sweep::linear_dw")
 def _(g, x):
     return x.new_empty((x.shape[0], g.shape[2], x.shape[2]))
 
@@ -265,6 +366,7 @@ class _NativeLinear(torch.autograd.Function):
         return _fwd_native(x, w)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
         x, w = ctx.saved_tensors
         gx = torch.matmul(g, w) if ctx.needs_input_grad[0] else None
@@ -294,3 +396,48 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
     if usable(x, w):
         return _NativeLinear.apply(x, w)
     return torch.matmul(w, x.transpose(-1, -2)).transpose(-1, -2)
+
+
+# -- NMU with two inputs, eager CPU ------------------------------------------------------------
+def nmu2_usable(x: Tensor, w: Tensor) -> bool:
+    """Whether `nmu2` runs natively: eager (inductor fuses the torch formula better), CPU
+    float32, ``x [S, B, 2]``, contiguous ``w [S, out, 2]``."""
+    return (
+        not torch.compiler.is_compiling()
+        and x.device.type == "cpu" and w.device.type == "cpu"
+        and x.dtype == torch.float32 and w.dtype == torch.float32
+        and x.dim() == 3 and w.dim() == 3 and w.is_contiguous()
+        and x.shape[0] == w.shape[0] and x.shape[2] == 2 and w.shape[2] == 2
+        and _lib() is not None
+    )
+
+
+class _NativeNMU2(torch.autograd.Function):
+    """`nmu2` by the kernel: forward and both gradients (first order only)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, w: Tensor) -> Tensor:
+        S, B, _ = x.shape
+        O = w.shape[1]
+        z = torch.empty(S, B, O, dtype=torch.float32)
+        _lib().nalu_nmu2_fwd(z.data_ptr(), x.data_ptr(), w.data_ptr(), S, B, O, *x.stride())
+        ctx.save_for_backward(x, w)
+        return z
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        x, w = ctx.saved_tensors
+        S, B, _ = x.shape
+        O = w.shape[1]
+        g = g.contiguous()
+        gx = torch.empty(S, B, 2, dtype=torch.float32) if ctx.needs_input_grad[0] else None
+        gw = torch.empty(S, O, 2, dtype=torch.float32)
+        _lib().nalu_nmu2_bwd(gx.data_ptr() if gx is not None else None, gw.data_ptr(), g.data_ptr(),
+                             x.data_ptr(), w.data_ptr(), S, B, O, *x.stride())
+        return gx, (gw if ctx.needs_input_grad[1] else None)
+
+
+def nmu2(x: Tensor, w: Tensor) -> Tensor:
+    """``Π_i (w_oi (x_i − 1) + 1)`` over two inputs by the native kernel (see `nmu2_usable`)."""
+    return _NativeNMU2.apply(x, w)

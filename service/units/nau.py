@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from service.units.base import ExactMode, ForwardContext, Unit
+from service.units.base import ExactMode, ForwardContext, Unit, mean_distance_to_bounds
 from service.units.linear import linear_forward
 from service.units.registry import register
 
@@ -43,8 +43,7 @@ class NAU(Unit):
         return linear_forward(x, self.weight)
 
     def regularizer(self) -> Tensor:
-        a = self.weight.abs()
-        return torch.minimum(a, 1 - a).flatten(1).mean(1)
+        return mean_distance_to_bounds(self.weight.abs())
 
     def oob_penalty(self) -> Tensor:
         """``mean(relu(|W| − 1))``: how far weights lie outside [−1, 1]."""

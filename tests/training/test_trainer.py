@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from service import rng
 from service.config import RunConfig
 from service.training import Trainer, train
 
@@ -30,12 +31,13 @@ def _params(trainer: Trainer) -> list[torch.Tensor]:
     return [p.detach().clone() for p in trainer.params]
 
 
+@pytest.mark.parametrize("compile_mode", ["off", pytest.param("on", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("clip", ["none", "norm", "value"])
-def test_seed_trajectory_does_not_depend_on_batch_mates(clip):
+def test_seed_trajectory_does_not_depend_on_batch_mates(clip, compile_mode):
     """Seed 5 trained alone and inside a batch of 16 ends with the same parameters."""
     train_cfg = {"clip": {"mode": clip, "max": 0.5}}
-    together = Trainer(_config(train=train_cfg))
-    alone = Trainer(_config(train=train_cfg, seeds=1, seed_offset=5))
+    together = Trainer(_config(train=train_cfg, compile=compile_mode))
+    alone = Trainer(_config(train=train_cfg, seeds=1, seed_offset=5, compile=compile_mode))
     for _ in range(60):
         together.train_step()
         alone.train_step()
@@ -44,6 +46,20 @@ def test_seed_trajectory_does_not_depend_on_batch_mates(clip):
     # and the seeds really differ from each other (not one shared trajectory)
     w = _params(together)[0]
     assert not torch.allclose(w[0], w[1])
+
+
+def test_seed_evaluation_does_not_depend_on_batch_mates():
+    """A seed's evaluation MSEs are the same numbers alone and in a batch of 16 (where the
+    evaluation set is cut into other chunks)."""
+    task = {**_config().task.model_dump(), "eval_samples": 5000}
+    together = Trainer(_config(task=task))
+    alone = Trainer(_config(task=task, seeds=1, seed_offset=5))
+    for trainer in (together, alone):
+        for _ in range(10):
+            trainer.train_step()
+        trainer.evaluate()
+    assert torch.equal(together._interp[-1][5:6], alone._interp[-1])
+    assert torch.equal(together._extrap["extrapolation"][-1][5:6], alone._extrap["extrapolation"][-1])
 
 
 def test_shared_batch_option_gives_every_seed_the_same_data():
@@ -55,9 +71,24 @@ def test_shared_batch_option_gives_every_seed_the_same_data():
     assert not torch.equal(x2[0], x2[1])
 
 
-def test_diverging_seed_is_recorded_and_others_continue():
+@pytest.mark.parametrize("task", [
+    {"operation": "mul"},
+    {"operation": "sub", "interpolation": "U[-2,-1] ∪ U[1,2]", "extrapolation": {"far": "U[-6,-2] ∪ U[2,6]"}},
+])
+def test_batch_targets_are_the_task_targets(task):
+    """The batch and its operand sums come from one pass of `rng.sample`; the target built
+    from those sums is the task's target of the batch."""
+    t = Trainer(_config(task={**_config().task.model_dump(), **task}, seeds=3))
+    x, y = t._batch(torch.tensor(7))
+    torch.testing.assert_close(y, t.task.target(x), rtol=1e-5, atol=1e-5)
+    u = rng.uniform(t.data_keys, 7, x.shape[1:])
+    assert torch.equal(x, t.task.interpolation.from_uniform(u))
+
+
+@pytest.mark.parametrize("compile_mode", ["off", pytest.param("on", marks=pytest.mark.slow)])
+def test_diverging_seed_is_recorded_and_others_continue(compile_mode):
     """A seed whose parameters become NaN is marked diverged; the rest train on."""
-    trainer = Trainer(_config(seeds=4, train={"steps": 40}))
+    trainer = Trainer(_config(seeds=4, train={"steps": 40}, compile=compile_mode))
     with torch.no_grad():
         trainer.params[0][2].fill_(float("nan"))
     result = trainer.run()
