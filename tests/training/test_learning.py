@@ -24,7 +24,9 @@ def test_nau_learns_addition_on_the_arithmetic_task():
         "seeds": 16, "device": "cpu",
     })
     result = train(cfg)
-    assert result.aggregate.successes >= 12, result.aggregate
+    # "most of 16": about 13 of 16 succeed under these settings; the bound leaves room for a
+    # numerics change to move a seed or two without hiding a unit that stopped learning
+    assert result.aggregate.successes >= 10, result.aggregate
     assert result.aggregate.diverged == 0
 
 
