@@ -7,8 +7,10 @@ evaluation every 1000 steps on 10,000 interpolation and 10,000 extrapolation sam
       (float32, torch.optim.Adam, torch.rand data, no extra Python per step);
   (b) the batched trainer at S = 1, 10, 100, 1000 (each seed with its own data stream).
 
-Both with torch.set_num_threads(1), then with 2 threads. Usage:
+Both with torch.set_num_threads(1), then with 2 threads; each line also gives the
+projected wall time of the papers' protocol (100 seeds × 5·10⁶ steps) at that rate. Usage:
     python benchmarks/throughput.py [--seconds 5] [--seeds 1,10,100,1000] [--threads 1,2]
+                                    [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ from service.config import RunConfig
 from service.training import Trainer
 
 STEPS_LONG = 1_000_000  # the configured length (only a prefix is timed)
+PROTOCOL_SEED_STEPS = 100 * 5_000_000  # the papers' protocol: 100 seeds × 5e6 steps
+DEVICE = "cpu"
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
 
 
 def config(seeds: int, compile_mode: str) -> RunConfig:
@@ -30,7 +39,7 @@ def config(seeds: int, compile_mode: str) -> RunConfig:
         "task": {"kind": "arithmetic", "operation": "mul"},
         "model": {"layers": [{"unit": "nau"}, {"unit": "nmu"}]},
         "train": {"steps": STEPS_LONG, "batch_size": 128, "eval_every": 1000},
-        "seeds": seeds, "device": "cpu", "compile": compile_mode,
+        "seeds": seeds, "device": DEVICE, "compile": compile_mode,
     })
 
 
@@ -39,13 +48,14 @@ def reference_loop(seconds: float) -> float:
     cfg = config(1, "off")
     task = cfg.task
     sched = cfg.regularizer()
-    evals = {k: v for k, v in task.evaluation_sets().items()}
-    sel = task.selection().float()
-    g = torch.Generator().manual_seed(0)
+    dev = torch.device(DEVICE)
+    evals = {k: (x.to(dev), y.to(dev)) for k, (x, y) in task.evaluation_sets().items()}
+    sel = task.selection().float().to(dev)
+    g = torch.Generator(device=dev).manual_seed(0)
     fan = task.input_size + 2
     r = min(0.5, (3 ** 0.5) * (2 / fan) ** 0.5)
-    w1 = torch.empty(2, task.input_size).uniform_(-r, r, generator=g).requires_grad_()
-    w2 = torch.empty(1, 2).uniform_(0.25, 0.75, generator=g).requires_grad_()
+    w1 = torch.empty(2, task.input_size, device=dev).uniform_(-r, r, generator=g).requires_grad_()
+    w2 = torch.empty(1, 2, device=dev).uniform_(0.25, 0.75, generator=g).requires_grad_()
     opt = torch.optim.Adam([w1, w2], lr=1e-3)
     lo, hi = task.interpolation.intervals[0]
 
@@ -54,7 +64,7 @@ def reference_loop(seconds: float) -> float:
         return (w2 * h.unsqueeze(1) + 1 - w2).prod(-1)
 
     def step(i: int) -> None:
-        x = torch.rand(128, task.input_size, generator=g) * (hi - lo) + lo
+        x = torch.rand(128, task.input_size, generator=g, device=dev) * (hi - lo) + lo
         t = task.apply_operation(x @ sel.t())
         loss = (forward(x) - t).square().mean()
         reg = torch.minimum(w1.abs(), 1 - w1.abs()).mean() + torch.minimum(w2, 1 - w2).mean()
@@ -72,10 +82,12 @@ def reference_loop(seconds: float) -> float:
 
     for i in range(50):
         step(i)
+    _sync()
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         step(n)
         n += 1
+    _sync()
     return n / (time.perf_counter() - start)
 
 
@@ -85,6 +97,7 @@ def batched(seeds: int, seconds: float, compile_mode: str) -> tuple[float, float
     trainer = Trainer(config(seeds, compile_mode))
     for _ in range(3):
         trainer.train_step()
+    _sync()
     setup = time.perf_counter() - t0
     trainer.step = 0
     n, start = 0, time.perf_counter()
@@ -93,6 +106,9 @@ def batched(seeds: int, seconds: float, compile_mode: str) -> tuple[float, float
             trainer.evaluate()
         trainer.train_step()
         n += 1
+        if DEVICE == "cuda" and n % 200 == 0:
+            _sync()  # the host runs ahead of the GPU: time what the GPU finished
+    _sync()
     return n * seeds / (time.perf_counter() - start), setup
 
 
@@ -102,17 +118,22 @@ def main() -> None:
     p.add_argument("--seeds", default="1,10,100,1000")
     p.add_argument("--threads", default="1,2")
     p.add_argument("--compile", default="on", choices=["on", "off"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = p.parse_args()
-    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-          f"compile={args.compile}")
+    global DEVICE
+    DEVICE = args.device
+    where = torch.cuda.get_device_name() if DEVICE == "cuda" else (platform.processor() or platform.machine())
+    print(f"machine: {where}, torch {torch.__version__}, device={DEVICE}, compile={args.compile}")
     for threads in map(int, args.threads.split(",")):
         torch.set_num_threads(threads)
         ref = reference_loop(args.seconds)
         print(f"\n[{threads} thread(s)] reference one-seed loop: {ref:,.0f} steps/s")
-        print(f"{'S':>6} {'seed·steps/s':>14} {'× reference':>12} {'set-up s':>9}")
+        print(f"{'S':>6} {'seed·steps/s':>14} {'× reference':>12} {'set-up s':>9} {'protocol':>10}")
         for s in map(int, args.seeds.split(",")):
             rate, setup = batched(s, args.seconds, args.compile)
-            print(f"{s:>6} {rate:>14,.0f} {rate / ref:>12.1f} {setup:>9.1f}", flush=True)
+            protocol_min = PROTOCOL_SEED_STEPS / rate / 60
+            print(f"{s:>6} {rate:>14,.0f} {rate / ref:>12.1f} {setup:>9.1f} {protocol_min:>8,.1f} min",
+                  flush=True)
 
 
 if __name__ == "__main__":
