@@ -193,6 +193,10 @@ class SearchSpace(_Frozen):
     scheduler: SchedulerSpec = SchedulerSpec()
     resources: Resources = Resources()
     retries: int = Field(1, ge=0, description="times a crashed trial is retried")
+    checkpoint_every: int = Field(
+        10, ge=0, description="checkpoint a trial every k evaluations (and after each task) to the "
+        "Tune storage, so a retried or resumed trial continues from there; 0: never"
+    )
     sampler: SamplerSpec = SamplerSpec()
 
     @model_validator(mode="before")

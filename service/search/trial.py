@@ -5,6 +5,11 @@ tests. Each evaluation after step 0 is reported with the objective of the partia
 history, so ASHA can stop hopeless settings early. The last report of the trial happens
 only after its final metrics and artifacts are logged, because ASHA stops a trial by
 raising inside ``report`` (even at ``max_t``): code after it may never run.
+
+Checkpoints: every ``space.checkpoint_every`` evaluations, and after each task but the
+last, the report carries a `TrialState` (``report_checkpoint``; in a sweep, `tune.report`
+with a Tune checkpoint), and ``resume`` continues from one, so a retried or resumed trial
+does not start over.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from service.metrics import AggregateMetrics, aggregate, per_seed_metrics
 from service.search.objective import OBJECTIVE, metrics_of, objective_value
 from service.search.space import SearchSpace
 from service.search.suggest import active_params, run_configs
+from service.search.trial_state import TrialState
+from service.tracking.store import TAG_PARAMS_SHA256
 from service.training import EvalReport, Trainer
 from service.training.result import RunResult
 
@@ -105,53 +112,90 @@ def run_trial(
     report: Callable[[dict[str, float]], None],
     tracker: Tracker | None = None,
     progress: TrialProgress | None = None,
+    *,
+    resume: TrialState | None = None,
+    report_checkpoint: Callable[[dict[str, float], TrialState], None] | None = None,
 ) -> TrialProgress:
     """Train the trial's setting on each task in turn (S seeds each), reporting after every
-    evaluation; log per-task artifacts and final metrics, then make the last report."""
+    evaluation; log per-task artifacts and final metrics, then make the last report.
+
+    ``resume`` continues from a checkpoint (finished tasks are not trained again, the task
+    in progress continues from its trainer's state). ``report_checkpoint`` is called
+    instead of ``report`` when a checkpoint is due; without it no checkpoint is taken.
+    """
     progress = progress or TrialProgress()
     params = active_params(space, params)
     configs = run_configs(space, params)
     n_tasks = len(configs)
     finals: dict[str, tuple[float, AggregateMetrics]] = {}
+    start = 0
+    if resume is not None:
+        start = resume.task_index
+        for name, result in resume.finished.items():
+            progress.results[name] = result
+            finals[name] = (objective_value(result.aggregate, space.steps, result.thresholds), result.aggregate)
+    checkpoint_every = space.checkpoint_every if report_checkpoint is not None else 0
 
-    def emit(metrics: dict[str, float], step: int, to_tune: bool) -> None:
+    def emit(metrics: dict[str, float], step: int, to_tune: bool, state: TrialState | None = None) -> None:
         if tracker is not None:
             tracker.log_metrics(metrics, step)
         if to_tune:
             progress.reports += 1
-            report({**metrics, STEP: float(step)})
+            if state is not None and report_checkpoint is not None:
+                report_checkpoint({**metrics, STEP: float(step)}, state)
+            else:
+                report({**metrics, STEP: float(step)})
 
     for index, (task_name, config) in enumerate(configs.items()):
+        if index < start:
+            continue
         trainer = Trainer(config)
         offset = index * space.steps
 
         def on_eval(rep: EvalReport, trainer: Trainer = trainer, name: str = task_name,
-                    offset: int = offset) -> None:
+                    offset: int = offset, index: int = index) -> None:
             if rep.step >= rep.total_steps:
                 return  # the final evaluation is reported from the full result below
             agg = partial_aggregate(trainer, rep)
             current = {**finals, name: (objective_value(agg, space.steps, trainer.thresholds), agg)}
-            emit(_combined(current), offset + rep.step, to_tune=rep.step > 0)
+            state = None
+            if rep.checkpoint is not None:
+                state = TrialState(index, offset + rep.step, dict(progress.results), rep.checkpoint)
+            emit(_combined(current), offset + rep.step, to_tune=rep.step > 0, state=state)
 
-        result = trainer.run(on_eval)
+        resume_from = resume.trainer if resume is not None and index == start else None
+        result = trainer.run(on_eval, resume_from=resume_from, checkpoint_every=checkpoint_every)
         progress.results[task_name] = result
         finals[task_name] = (objective_value(result.aggregate, space.steps, result.thresholds), result.aggregate)
         metrics = _combined(finals)
         step = offset + space.steps
         if index < n_tasks - 1:
-            emit(metrics, step, to_tune=True)
+            state = TrialState(index + 1, step, dict(progress.results)) if checkpoint_every else None
+            emit(metrics, step, to_tune=True, state=state)
             continue
         # the last report: everything is logged and the run closed before it, since the
         # scheduler may stop the trial inside `report` even now
         progress.final_metrics = metrics
         if tracker is not None:
             tracker.log_metrics(metrics, step)
+            tracker.set_tags({TAG_PARAMS_SHA256: params_digest(progress.results)})
             _log_artifacts(tracker, progress.results, params)
             tracker.close("completed")
         progress.completed = True
         progress.reports += 1
         report({**metrics, STEP: float(step)})
     return progress
+
+
+def params_digest(results: dict[str, RunResult]) -> str:
+    """The final parameters' digest of a trial: its task's, or with several tasks one digest
+    over theirs (equal digests: bit-identical final parameters)."""
+    if len(results) == 1:
+        return next(iter(results.values())).params_sha256
+    import hashlib
+
+    text = ";".join(f"{name}={r.params_sha256}" for name, r in results.items())
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _log_artifacts(tracker: Tracker, results: dict[str, RunResult], params: dict[str, Any]) -> None:

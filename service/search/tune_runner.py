@@ -9,6 +9,8 @@
 - ``resume`` continues an interrupted sweep with ``Tuner.restore`` (the searcher's state is
   restored with it); MLflow child runs left RUNNING by the crash are closed first, and a
   resumed trial reopens its own run (see `service.tracking.runs.TrialRun`).
+- Trials checkpoint to the Tune storage (`service.search.trial_state`); a retried or
+  resumed trial continues from its latest checkpoint instead of starting over.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from service.errors import UserError
 from service.search.display import LiveProgress, SweepBoard, register_board, unregister_board
 from service.search.objective import OBJECTIVE
 from service.search.space import SearchSpace, parse_space
-from service.search.suggest import DefineByRun
+from service.search.suggest import DefineByRun, active_params, run_configs
 from service.search.trial import STEP, TrialProgress, is_metric_key, run_trial, task_params
+from service.search.trial_state import TrialState
 from service.tracking import runs, store
 
 TRAINABLE_NAME = "nalu_sweep_trial"
@@ -101,7 +104,13 @@ def make_trainable(settings: TrialSettings):
 def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     """Open (or reopen) the trial's MLflow run, train, and close the run with the right
     outcome whatever happens: ``completed``, ``pruned`` (ASHA raised inside a report
-    before the end), or ``failed`` (an exception; Tune may retry, reusing the run)."""
+    before the end), or ``failed`` (an exception; Tune may retry, reusing the run).
+
+    A retried or resumed trial gets its latest checkpoint from `tune.get_checkpoint` and
+    continues from it (tagged ``nalu_sweep.resumed_from_step``); checkpoints are written to
+    a temporary directory that `tune.report` copies to the sweep's storage."""
+    import tempfile
+
     import torch
     from ray import tune
 
@@ -118,8 +127,24 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     )
     progress = TrialProgress()
     outcome = "failed"
+
+    def report(metrics: dict[str, float]) -> None:
+        tune.report(metrics)
+
+    def report_checkpoint(metrics: dict[str, float], state: TrialState) -> None:
+        with tempfile.TemporaryDirectory(prefix="nalu-sweep-checkpoint-") as tmp:
+            state.save(tmp)
+            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
+
     try:
-        run_trial(params, space, tune.report, tracker=tracker, progress=progress)
+        resume = None
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is not None:
+            with checkpoint.as_directory() as directory:
+                resume = TrialState.load(directory, run_configs(space, active_params(space, params)))
+            tracker.set_tags({store.TAG_RESUMED_FROM: str(resume.step)})
+        run_trial(params, space, report, tracker=tracker, progress=progress,
+                  resume=resume, report_checkpoint=report_checkpoint)
         outcome = "completed"
     except SystemExit:  # Tune's way of stopping a trial from inside `tune.report`
         outcome = "completed" if progress.completed else "pruned"
@@ -343,6 +368,8 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any):
         run_config=tune.RunConfig(
             name=options.name, storage_path=options.storage_path, verbose=0,
             failure_config=tune.FailureConfig(max_failures=space.retries),
+            # a retried or resumed trial needs only its latest checkpoint
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
             callbacks=[LiveProgress(options.name)],
         ),
     )

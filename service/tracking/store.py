@@ -30,6 +30,8 @@ TAG_ERROR = "nalu_sweep.error"  # the exception of a failed trial
 TAG_PARENT = "mlflow.parentRunId"
 TAG_MLFLOW_GIT = "mlflow.source.git.commit"
 TAG_NODE = "nalu_sweep.node_ip"  # the Ray node a trial ran on
+TAG_RESUMED_FROM = "nalu_sweep.resumed_from_step"  # a retried/resumed trial's checkpoint step
+TAG_PARAMS_SHA256 = "nalu_sweep.params_sha256"  # digest of a completed trial's final parameters
 
 # An MLflow server with basic auth: the client reads these (Ray workers need them too).
 CREDENTIAL_VARS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",

@@ -30,6 +30,7 @@ class RunResult:
     elapsed_s: float
     device: str
     compiled: bool
+    params_sha256: str = ""  # digest of the final parameters (bit-identical runs share it)
 
     def to_dict(self) -> dict[str, Any]:
         """Everything as plain JSON values (NaN/inf become null)."""
@@ -56,6 +57,7 @@ class RunResult:
             "elapsed_s": self.elapsed_s,
             "device": self.device,
             "compiled": self.compiled,
+            "params_sha256": self.params_sha256,
         }
 
     def save_json(self, path: str | Path) -> Path:

@@ -3,7 +3,9 @@
 One step draws each seed's own batch (counter-based, per-seed keys), runs one
 forward/backward for all S seeds and updates them; per-seed concerns (gradient-norm
 clipping, divergence, re-initialisation) are masks over the seed dimension, so no Python
-runs per seed per step. The host only synchronises at evaluation steps.
+runs per seed per step. The host only synchronises at evaluation steps. At evaluations a
+run can hand out a `TrainerCheckpoint` and continue from one bit for bit
+(`service.training.checkpoint`).
 
 Speed (CPU, one thread, 100 seeds, NAU → NMU on the 100-input task): the batch, its
 interpolation-range map and the target's operand sums come from one native pass
@@ -28,6 +30,9 @@ from service.config import RunConfig
 from service.metrics import EvalHistory, aggregate, per_seed_metrics
 from service.model import BatchedModel, build_model
 from service.seeding import generator_for, stream_keys
+from service.training.checkpoint import (
+    CheckpointError, TrainerCheckpoint, config_fingerprint, cpu_copy, params_sha256,
+)
 from service.training.optimizers import BatchedOptimizer
 from service.training.result import RunResult
 from service.units.base import ForwardContext
@@ -57,6 +62,7 @@ class EvalReport:
     history: EvalHistory
     elapsed_s: float
     extra: dict = field(default_factory=dict)
+    checkpoint: TrainerCheckpoint | None = None  # set every `checkpoint_every` evaluations
 
 
 def resolve_device(name: str) -> torch.device:
@@ -95,6 +101,7 @@ class Trainer:
         self.best_loss = torch.full((self.num_seeds,), float("inf"), device=self.device)
         self.last_improved = torch.zeros(self.num_seeds, dtype=torch.int64, device=self.device)
         self.step = 0
+        self._elapsed_before = 0.0  # training time of earlier attempts (a resumed run)
         self._buffers: tuple[Tensor, Tensor] | None = None
 
         self.eval_sets = {
@@ -290,29 +297,100 @@ class Trainer:
         self.best_loss[stuck] = float("inf")
         self.last_improved[stuck] = self.step
 
+    # -- checkpoints ---------------------------------------------------------------------------
+    def checkpoint(self, elapsed_s: float = 0.0) -> TrainerCheckpoint:
+        """A frozen copy (on the CPU) of everything the next step depends on; taken after an
+        evaluation, a run resumed from it continues with that step's re-initialisation check
+        and training step, exactly as the uninterrupted run does."""
+        def stacked(rows: list[Tensor]) -> Tensor:  # [E, S] float64
+            return cpu_copy(torch.stack(rows)) if rows else torch.zeros(0, self.num_seeds, dtype=torch.float64)
+
+        return TrainerCheckpoint(
+            config_fingerprint=config_fingerprint(self.config),
+            seed_ids=tuple(self.seed_ids),
+            step=self.step,
+            elapsed_s=float(elapsed_s),
+            model={k: cpu_copy(v) for k, v in self.model.state_dict().items()},
+            optimizer_steps=cpu_copy(self.optimizer.steps),
+            optimizer_state=tuple(tuple(cpu_copy(b) for b in st) for st in self.optimizer.state),
+            alive=cpu_copy(self.alive),
+            diverged_at=cpu_copy(self.diverged_at),
+            best_loss=cpu_copy(self.best_loss),
+            last_improved=cpu_copy(self.last_improved),
+            reinit_counts=tuple(self.reinit_counts),
+            init_generators=tuple(g.get_state() for g in self.init_generators),
+            eval_steps=tuple(self._steps),
+            interpolation_mse=stacked(self._interp),
+            extrapolation_mse={n: stacked(v) for n, v in self._extrap.items()},
+        )
+
+    @torch.no_grad()
+    def load_checkpoint(self, ckpt: TrainerCheckpoint) -> None:
+        """Continue from ``ckpt`` (written by this configuration; device and compile mode
+        may differ)."""
+        if ckpt.config_fingerprint != config_fingerprint(self.config):
+            raise CheckpointError("the checkpoint was written by another run configuration "
+                                  "(tasks, model, training settings or seeds differ)")
+        if list(ckpt.seed_ids) != self.seed_ids or set(ckpt.extrapolation_mse) != set(self._extrap):
+            raise CheckpointError("the checkpoint's seeds or extrapolation ranges differ from the run's")
+        dev = self.device
+        self.model.load_state_dict({k: v.to(dev) for k, v in ckpt.model.items()})
+        self.optimizer.load_state_dict({"steps": ckpt.optimizer_steps.to(dev),
+                                        "state": [[b.to(dev) for b in st] for st in ckpt.optimizer_state]})
+        for live, saved in ((self.alive, ckpt.alive), (self.diverged_at, ckpt.diverged_at),
+                            (self.best_loss, ckpt.best_loss), (self.last_improved, ckpt.last_improved)):
+            live.copy_(saved.to(dev))
+        self.reinit_counts = list(ckpt.reinit_counts)
+        for g, state in zip(self.init_generators, ckpt.init_generators, strict=True):
+            g.set_state(state)
+        self._steps = list(ckpt.eval_steps)
+        self._interp = list(ckpt.interpolation_mse.to(dev).unbind(0))
+        self._extrap = {n: list(ckpt.extrapolation_mse[n].to(dev).unbind(0)) for n in self._extrap}
+        self.step = ckpt.step
+        self.step_t.fill_(max(ckpt.step - 1, 0))  # what the last step left (evaluations read it)
+        self._elapsed_before = ckpt.elapsed_s
+
     # -- the loop ------------------------------------------------------------------------------
-    def run(self, on_eval: Callable[[EvalReport], None] | None = None) -> RunResult:
+    def run(self, on_eval: Callable[[EvalReport], None] | None = None, *,
+            resume_from: TrainerCheckpoint | None = None, checkpoint_every: int = 0) -> RunResult:
+        """Train to ``train.steps``, calling ``on_eval`` at every evaluation.
+
+        ``resume_from`` continues a checkpointed run; the evaluation at its step is not done
+        (nor reported) again. With ``checkpoint_every = k > 0`` every k-th evaluation (by
+        step, so a resumed run keeps the same schedule; never the first or the last) hands
+        ``on_eval`` a `TrainerCheckpoint` in `EvalReport.checkpoint`.
+        """
         t = self.config.train
+        if resume_from is not None:
+            self.load_checkpoint(resume_from)
         started = time.perf_counter()
         self.model.train()
+
+        def elapsed() -> float:
+            return self._elapsed_before + time.perf_counter() - started
+
         while True:
-            if self.step % t.eval_every == 0 or self.step == t.steps:
+            due = self.step % t.eval_every == 0 or self.step == t.steps
+            if due and not (self._steps and self._steps[-1] == self.step):
                 self.evaluate()
                 diverged = self._diverged()
                 if on_eval is not None:
                     history = self.history()
+                    wanted = (checkpoint_every > 0 and 0 < self.step < t.steps and self.step % t.eval_every == 0
+                              and (self.step // t.eval_every) % checkpoint_every == 0)
                     on_eval(EvalReport(
                         step=self.step, total_steps=t.steps,
                         interpolation_mse=history.interpolation_mse[-1],
                         extrapolation_mse={n: v[-1] for n, v in history.extrapolation_mse.items()},
                         diverged=diverged.cpu().numpy(), history=history,
-                        elapsed_s=time.perf_counter() - started,
+                        elapsed_s=elapsed(),
+                        checkpoint=self.checkpoint(elapsed()) if wanted else None,
                     ))
             if self.step >= t.steps:
                 break
             self.maybe_reinitialise()
             self.train_step()
-        return self.result(time.perf_counter() - started)
+        return self.result(elapsed())
 
     def result(self, elapsed_s: float) -> RunResult:
         history = self.history()
@@ -332,6 +410,7 @@ class Trainer:
             elapsed_s=elapsed_s,
             device=str(self.device),
             compiled=self.compiled,
+            params_sha256=params_sha256(self.model.state_dict()),
         )
 
 
