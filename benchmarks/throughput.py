@@ -8,9 +8,10 @@ evaluation every 1000 steps on 10,000 interpolation and 10,000 extrapolation sam
   (b) the batched trainer at S = 1, 10, 100, 1000 (each seed with its own data stream).
 
 Both with torch.set_num_threads(1), then with 2 threads; each line also gives the
-projected wall time of the papers' protocol (100 seeds × 5·10⁶ steps) at that rate. Usage:
+projected wall time of 5·10⁶ steps of that many seeds (at S = 100: the papers' protocol,
+100 seeds × 5·10⁶ steps). Usage:
     python benchmarks/throughput.py [--seconds 5] [--seeds 1,10,100,1000] [--threads 1,2]
-                                    [--device cpu|cuda]
+                                    [--device cpu|cuda] [--cuda-graphs on|off]
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from service.config import RunConfig
 from service.training import Trainer
 
 STEPS_LONG = 1_000_000  # the configured length (only a prefix is timed)
-PROTOCOL_SEED_STEPS = 100 * 5_000_000  # the papers' protocol: 100 seeds × 5e6 steps
+PROTOCOL_STEPS = 5_000_000  # the papers' protocol: 100 seeds × 5e6 steps
 DEVICE = "cpu"
 
 
@@ -34,12 +35,12 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def config(seeds: int, compile_mode: str) -> RunConfig:
+def config(seeds: int, compile_mode: str, cuda_graphs: bool = True) -> RunConfig:
     return RunConfig.model_validate({
         "task": {"kind": "arithmetic", "operation": "mul"},
         "model": {"layers": [{"unit": "nau"}, {"unit": "nmu"}]},
         "train": {"steps": STEPS_LONG, "batch_size": 128, "eval_every": 1000},
-        "seeds": seeds, "device": DEVICE, "compile": compile_mode,
+        "seeds": seeds, "device": DEVICE, "compile": compile_mode, "cuda_graphs": cuda_graphs,
     })
 
 
@@ -91,24 +92,19 @@ def reference_loop(seconds: float) -> float:
     return n / (time.perf_counter() - start)
 
 
-def batched(seeds: int, seconds: float, compile_mode: str) -> tuple[float, float]:
+def batched(seeds: int, seconds: float, compile_mode: str, cuda_graphs: bool) -> tuple[float, float]:
     """(seed·steps/s, set-up + compile seconds) of the batched trainer."""
     t0 = time.perf_counter()
-    trainer = Trainer(config(seeds, compile_mode))
-    for _ in range(3):
-        trainer.train_step()
+    trainer = Trainer(config(seeds, compile_mode, cuda_graphs))
+    trainer.train_steps(1000 if DEVICE == "cuda" else 3)  # compile (and capture the GPU graph)
     _sync()
     setup = time.perf_counter() - t0
-    trainer.step = 0
     n, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds or n == 0:
-        if trainer.step % 1000 == 0:
-            trainer.evaluate()
-        trainer.train_step()
-        n += 1
-        if DEVICE == "cuda" and n % 200 == 0:
-            _sync()  # the host runs ahead of the GPU: time what the GPU finished
-    _sync()
+        trainer.evaluate()  # every 1000 steps, as the trainer's loop does
+        trainer.train_steps(1000)
+        n += 1000
+        _sync()  # the host runs ahead of the GPU: time what the GPU finished
     return n * seeds / (time.perf_counter() - start), setup
 
 
@@ -119,19 +115,22 @@ def main() -> None:
     p.add_argument("--threads", default="1,2")
     p.add_argument("--compile", default="on", choices=["on", "off"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--cuda-graphs", default="on", choices=["on", "off"],
+                   help="on a GPU: replay 50 compiled steps as one captured CUDA graph")
     args = p.parse_args()
     global DEVICE
     DEVICE = args.device
     where = torch.cuda.get_device_name() if DEVICE == "cuda" else (platform.processor() or platform.machine())
-    print(f"machine: {where}, torch {torch.__version__}, device={DEVICE}, compile={args.compile}")
+    print(f"machine: {where}, torch {torch.__version__}, device={DEVICE}, compile={args.compile}"
+          + (f", cuda_graphs={args.cuda_graphs}" if DEVICE == "cuda" else ""))
     for threads in map(int, args.threads.split(",")):
         torch.set_num_threads(threads)
         ref = reference_loop(args.seconds)
         print(f"\n[{threads} thread(s)] reference one-seed loop: {ref:,.0f} steps/s")
-        print(f"{'S':>6} {'seed·steps/s':>14} {'× reference':>12} {'set-up s':>9} {'protocol':>10}")
+        print(f"{'S':>6} {'seed·steps/s':>14} {'× reference':>12} {'set-up s':>9} {'5e6 steps':>10}")
         for s in map(int, args.seeds.split(",")):
-            rate, setup = batched(s, args.seconds, args.compile)
-            protocol_min = PROTOCOL_SEED_STEPS / rate / 60
+            rate, setup = batched(s, args.seconds, args.compile, args.cuda_graphs == "on")
+            protocol_min = PROTOCOL_STEPS * s / rate / 60  # S seeds for 5e6 steps
             print(f"{s:>6} {rate:>14,.0f} {rate / ref:>12.1f} {setup:>9.1f} {protocol_min:>8,.1f} min",
                   flush=True)
 

@@ -114,6 +114,9 @@ class RunConfig(Frozen):
     master_seed: int = 0
     device: Literal["cpu", "cuda", "auto"] = "auto"
     compile: Literal["auto", "on", "off"] = "auto"
+    # GPU only, with a compiled step: replay runs of steps as one captured CUDA graph
+    # (the same trajectory, without a kernel launch per operation per step)
+    cuda_graphs: bool = True
 
     @field_validator("task", mode="before")
     @classmethod

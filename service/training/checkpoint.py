@@ -31,7 +31,7 @@ from service.training.result import RunResult
 FORMAT = 1
 """Version of the payload layout; a checkpoint of another version is refused."""
 
-_IGNORED_FIELDS = ("device", "compile")
+_IGNORED_FIELDS = ("device", "compile", "cuda_graphs")
 """Run-config fields that do not change the trajectory (a run may move device or compile
 mode when it is resumed); every other field must match."""
 

@@ -39,6 +39,8 @@ from service.units.base import ForwardContext
 
 _COMPILE_COST_S = 12.5  # seconds to compile the step (cold cache), for compile="auto"
 _EVAL_ELEMENTS = 1 << 22  # per evaluation chunk: seeds × samples × widest layer input
+_GRAPH_STEPS = 50  # steps per captured CUDA graph
+_GRAPH_WARMUP = 3  # steps run (compiled, uncaptured) before the capture
 
 
 def _isfinite(t: Tensor) -> Tensor:
@@ -129,6 +131,10 @@ class Trainer:
             self._step = self._step_eager
         self.compiled = use_compile
         self._compile_pending = use_compile
+        # On a GPU a compiled step costs less than its launch overhead: runs of
+        # `_GRAPH_STEPS` steps are captured once as one CUDA graph and replayed.
+        self.graphed = use_compile and self.device.type == "cuda" and config.cuda_graphs
+        self._graph: "torch.cuda.CUDAGraph | None" = None
 
     def _compile_pays_off(self) -> bool:
         """Whether ``compile="auto"`` compiles: always on a GPU; on a CPU when the time it
@@ -237,6 +243,38 @@ class Trainer:
             self._step(self.step_t)
         self._compile_pending = False
         self.step += 1
+
+    def train_steps(self, n: int) -> None:
+        """``n`` training steps; the same trajectory as ``n`` calls of `train_step`, in
+        replays of one captured CUDA graph where `graphed`."""
+        end = self.step + n
+        if self.graphed and n >= _GRAPH_STEPS:
+            warm = 0
+            while self.step < end and self._graph is None:
+                self.train_step()  # compiles; then warm-up steps before the capture
+                warm += 1
+                if warm >= _GRAPH_WARMUP and self.compiled:
+                    self._capture_graph()
+            while end - self.step >= _GRAPH_STEPS and self._graph is not None:
+                self.step_t.fill_(self.step)
+                self._graph.replay()
+                self.step += _GRAPH_STEPS
+        while self.step < end:
+            self.train_step()
+
+    def _capture_graph(self) -> None:
+        """Record `_GRAPH_STEPS` steps, the step counter advanced on the device between
+        them, as one CUDA graph (recording runs nothing). It leaves ``step_t`` at the last
+        step's index, as `train_step` does. Reads and writes the trainer's own tensors in
+        place, so it stays valid across re-initialisation and checkpoint loading."""
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(_GRAPH_STEPS):
+                if i:
+                    self.step_t.add_(1)
+                self._step(self.step_t)
+        self._graph = graph
 
     # -- evaluation and re-initialisation ----------------------------------------------------
     @torch.no_grad()
@@ -389,8 +427,15 @@ class Trainer:
             if self.step >= t.steps:
                 break
             self.maybe_reinitialise()
-            self.train_step()
+            self.train_steps(self._next_stop() - self.step)
         return self.result(elapsed())
+
+    def _next_stop(self) -> int:
+        """The next step at which the loop must look: an evaluation, a re-initialisation
+        check or the end."""
+        t = self.config.train
+        every = [t.eval_every] + ([t.reinit.every] if t.reinit.enabled else [])
+        return min([t.steps] + [(self.step // k + 1) * k for k in every])
 
     def result(self, elapsed_s: float) -> RunResult:
         history = self.history()

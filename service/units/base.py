@@ -7,14 +7,33 @@ Nothing in a unit mixes seeds: reductions are over the trailing dimensions only.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, ClassVar, Literal, Sequence
+from typing import Callable, ClassVar, Iterator, Literal, Sequence
 
 import torch
 from pydantic import BaseModel, ConfigDict
 from torch import Tensor, nn
 
 from service.units.init import InitSpec, parse_init
+
+
+@contextmanager
+def _on_host(module: nn.Module) -> Iterator[None]:
+    """Let CPU generators fill a module whose tensors live on a GPU: the tensors are
+    swapped for host copies inside the block and copied back into the *same* device
+    storage after it (the optimiser's state and compiled graphs keep pointing at it).
+    Drawing the initialisation on the host also makes it identical on every device."""
+    tensors = [t for t in (*module.parameters(), *module.buffers()) if t.device.type != "cpu"]
+    originals = [t.data for t in tensors]
+    for t, orig in zip(tensors, originals):
+        t.data = orig.cpu()
+    try:
+        yield
+    finally:
+        for t, orig in zip(tensors, originals):
+            orig.copy_(t.data)
+            t.data = orig
 
 
 class UnitOptions(BaseModel):
@@ -95,7 +114,7 @@ class Unit(nn.Module):
         """Re-draw the parameters of the batch positions ``seeds`` (default: all), using
         ``generators[k]`` for position k, so every seed has its own init stream."""
         positions = range(self.num_seeds) if seeds is None else seeds
-        with torch.no_grad():
+        with torch.no_grad(), _on_host(self):
             for k in positions:
                 self.init_seed_(k, generators[k])
 

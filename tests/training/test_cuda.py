@@ -1,0 +1,118 @@
+"""The trainer on a CUDA device: the same seeds as on the CPU, batch independence, every
+unit trains, diverging seeds are kept apart. Skipped (with that reason) where torch sees
+no GPU, as on CI; run on a GPU machine with ``python -m pytest tests/training/test_cuda.py``."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from service import rng
+from service.config import RunConfig
+from service.training import Trainer, train
+from service.units import unit_names
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
+
+
+def _config(device: str, **overrides) -> RunConfig:
+    base = {
+        "task": {"kind": "arithmetic", "operation": "mul", "eval_samples": 500, "threshold_samples": 20_000},
+        "model": {"layers": [{"unit": "nau"}, {"unit": "nmu"}]},
+        "train": {"steps": 60, "batch_size": 16, "eval_every": 20,
+                  "regularizer": {"lambda_max": 1.0, "t_start": 10, "t_end": 40}},
+        "seeds": 16, "device": device, "compile": "off",
+    }
+    base.update(overrides)
+    return RunConfig.model_validate(base)
+
+
+def test_initialisation_is_the_same_on_cpu_and_gpu():
+    cpu, gpu = Trainer(_config("cpu")), Trainer(_config("cuda"))
+    for a, b in zip(cpu.params, gpu.params):
+        assert b.device.type == "cuda"
+        torch.testing.assert_close(a, b.cpu(), rtol=0, atol=0)
+
+
+def test_each_seed_data_stream_is_the_same_on_cpu_and_gpu():
+    cpu, gpu = Trainer(_config("cpu")), Trainer(_config("cuda"))
+    for step in (0, 7, 123_456):
+        x_cpu, _ = cpu._batch(torch.tensor(step))
+        x_gpu, _ = gpu._batch(torch.tensor(step, device="cuda"))
+        torch.testing.assert_close(x_cpu, x_gpu.cpu(), rtol=1e-6, atol=1e-6)
+    u = rng.uniform(gpu.data_keys, 3, (4, 5))
+    assert u.device.type == "cuda" and float(u.min()) >= 0.0 and float(u.max()) < 1.0
+
+
+@pytest.mark.parametrize("compile_mode", ["off", "on"])
+def test_seed_trajectory_does_not_depend_on_batch_mates(compile_mode):
+    together = Trainer(_config("cuda", compile=compile_mode))
+    alone = Trainer(_config("cuda", seeds=1, seed_offset=5, compile=compile_mode))
+    for _ in range(60):
+        together.train_step()
+        alone.train_step()
+    for p_all, p_one in zip(together.params, alone.params):
+        torch.testing.assert_close(p_all[5:6].detach(), p_one.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_gpu_trajectory_follows_the_cpu_one():
+    cpu, gpu = Trainer(_config("cpu", seeds=4)), Trainer(_config("cuda", seeds=4))
+    for _ in range(60):
+        cpu.train_step()
+        gpu.train_step()
+    for a, b in zip(cpu.params, gpu.params):
+        torch.testing.assert_close(a.detach(), b.detach().cpu(), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("unit", unit_names())
+def test_every_unit_trains_on_the_gpu(unit):
+    cfg = _config("cuda", task={"kind": "small_mul"}, model={"layers": [{"unit": unit}]}, seeds=4,
+                  train={"steps": 40, "batch_size": 16, "eval_every": 20})
+    result = train(cfg)
+    assert len(result.seeds) == 4
+    for seed in result.seeds:
+        assert seed.diverged or math.isfinite(seed.interpolation_mse)
+
+
+def test_diverging_seed_is_recorded_and_others_continue():
+    trainer = Trainer(_config("cuda", seeds=4, train={"steps": 40, "batch_size": 16, "eval_every": 20}))
+    with torch.no_grad():
+        trainer.params[0][2].fill_(float("nan"))
+    result = trainer.run()
+    assert [s.diverged for s in result.seeds] == [False, False, True, False]
+    for k in (0, 1, 3):
+        assert torch.isfinite(trainer.params[0][k]).all()
+
+
+@pytest.mark.parametrize("reinit", [False, True])
+def test_cuda_graph_replays_follow_the_step_by_step_trajectory(reinit):
+    """Chunks of steps replayed from one captured graph end where step-by-step training
+    ends: the same parameters, evaluations and re-initialisations."""
+    train_cfg = {"steps": 430, "batch_size": 16, "eval_every": 100,
+                 "reinit": {"enabled": reinit, "every": 60, "patience": 30, "threshold": 0.0}}
+    graphed = Trainer(_config("cuda", compile="on", train=train_cfg))
+    stepwise = Trainer(_config("cuda", compile="on", cuda_graphs=False, train=train_cfg))
+    a, b = graphed.run(), stepwise.run()
+    assert graphed._graph is not None and stepwise._graph is None
+    for p, q in zip(graphed.params, stepwise.params):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
+    assert a.history.steps.tolist() == b.history.steps.tolist()
+    assert a.reinitialisations == b.reinitialisations
+    torch.testing.assert_close(torch.from_numpy(a.history.interpolation_mse),
+                               torch.from_numpy(b.history.interpolation_mse), rtol=1e-5, atol=1e-9)
+
+
+def test_cuda_graph_run_resumes_from_a_checkpoint():
+    train_cfg = {"steps": 400, "batch_size": 16, "eval_every": 100}
+    whole = Trainer(_config("cuda", compile="on", train=train_cfg))
+    whole.run()
+    ckpts = []
+    first = Trainer(_config("cuda", compile="on", train=train_cfg))
+    first.run(lambda report: ckpts.append(report.checkpoint) if report.checkpoint else None, checkpoint_every=2)
+    assert ckpts and ckpts[0].step == 200
+    resumed = Trainer(_config("cuda", compile="on", train=train_cfg))
+    resumed.run(resume_from=ckpts[0])
+    for p, q in zip(whole.params, resumed.params):
+        torch.testing.assert_close(p.detach(), q.detach(), rtol=1e-6, atol=1e-7)
