@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from service.errors import UserError
 from service.report.data import ReportData, finite, load_report_data
 from service.report.panels import PANEL_KINDS, Panel, empty, short_params
+from service.yamlio import load_mapping
 
 DEFAULT_DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "report.yaml"
 ARTIFACT_DIR = "report"
@@ -37,10 +36,7 @@ class Dashboard:
 
 def load_dashboard(path: Path | None = None) -> Dashboard:
     path = Path(path) if path else DEFAULT_DASHBOARD
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"{path}: cannot read the dashboard: {e}") from None
+    raw = load_mapping(path)
     panels = []
     for i, item in enumerate(raw.get("panels") or []):
         if not isinstance(item, dict) or "kind" not in item:

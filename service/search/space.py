@@ -21,10 +21,10 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from service.errors import UserError
+from service.yamlio import load_yaml
 
 Primitive = Union[bool, int, float, str]
 DISTRIBUTIONS = ("loguniform", "uniform", "int", "categorical")
@@ -702,20 +702,9 @@ def parse_space(data: Any, source: str = "search space") -> SearchSpace:
 
 
 def load_space(path: str | Path) -> SearchSpace:
-    """Read and validate a search space YAML file (``yaml.safe_load``)."""
+    """Read and validate a search space YAML file (`service.yamlio`: safe and bounded)."""
     path = Path(path)
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise SearchSpaceError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise SearchSpaceError(f"{path}: is a directory, not a search space file") from None
-    except UnicodeDecodeError as e:
-        raise SearchSpaceError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SearchSpaceError(f"{path}: not valid YAML: {e}") from None
+    data = load_yaml(path, SearchSpaceError)
     if data is None:
         raise SearchSpaceError(f"{path}: the file is empty")
     return parse_space(data, source=str(path))
