@@ -60,7 +60,10 @@ def validate(
     from service.search.validate import parse_ranges, validate_sweep
 
     try:
+        from service.endpoints import check_ray_address
+
         uri = _tracking_uri(tracking_uri, must_exist=True)
+        check_ray_address(address)
         extra = parse_ranges(range_)
         console.print(f"validating the top {top} settings of {name} on {seeds} fresh seeds each", highlight=False)
         results = validate_sweep(uri, name, top, seeds, extra, address=address, include_pruned=include_pruned)

@@ -22,10 +22,15 @@ TRACKING_HELP = ("MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlit
                  "working directory).")
 
 
-def _tracking_uri(option: Optional[str], must_exist: bool) -> str:
+def _tracking_uri(option: Optional[str], must_exist: bool, probe: bool = True) -> str:
+    """The resolved tracking URI; a server it names must answer within the connect timeout
+    (`service.endpoints`), a local store must exist when ``must_exist``."""
+    from service.endpoints import check_tracking_uri
     from service.tracking.store import resolve_tracking_uri
 
     uri = resolve_tracking_uri(option)
+    if probe:
+        check_tracking_uri(uri)
     if must_exist and uri.startswith("sqlite:///"):
         path = Path(uri.removeprefix("sqlite:///"))
         if not path.is_file():
@@ -145,10 +150,19 @@ def sweep(
         sweep_name = name or space.name
         if not sweep_name or not all(c.isalnum() or c in "_-." for c in sweep_name):
             raise UserError(f"--name {sweep_name!r}: letters, digits, '_', '-' and '.' only")
+        from service.endpoints import check_database_url, check_ray_address
+
+        uri = _tracking_uri(tracking_uri, must_exist=False)  # servers first: Ray and MLflow retry for minutes
+        if resume and uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+            raise UserError(f"nothing to resume: no tracking store at {uri.removeprefix('sqlite:///')} "
+                            "(use the same --tracking-uri as the original sweep)")
+        check_ray_address(address)
+        if optuna_storage:
+            check_database_url(optuna_storage)
         from service.search.tune_runner import SweepOptions, resolve_storage_path, run_sweep
 
         options = SweepOptions(
-            name=sweep_name, tracking_uri=_tracking_uri(tracking_uri, must_exist=False),
+            name=sweep_name, tracking_uri=uri,
             storage_path=resolve_storage_path(storage_path), space_file=space_file.resolve(),
             address=address, resume=resume, verbose=verbose, optuna_storage=optuna_storage,
         )
@@ -258,7 +272,7 @@ def ui(
     from service.tracking.store import artifact_root
 
     try:
-        uri = _tracking_uri(tracking_uri, must_exist=True)
+        uri = _tracking_uri(tracking_uri, must_exist=True, probe=False)  # a server is only named
     except UserError as e:
         fail(str(e))
     if uri.startswith(("http://", "https://")):
