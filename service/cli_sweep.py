@@ -147,7 +147,7 @@ def sweep(
             trials=trials, seeds=seeds, steps=steps, eval_every=eval_every, concurrency=concurrency,
             cpus=cpus_per_trial, gpus=gpus_per_trial,
         )
-        sweep_name = name or space.name
+        sweep_name = space.name if name is None else name
         if not sweep_name or not all(c.isalnum() or c in "_-." for c in sweep_name):
             raise UserError(f"--name {sweep_name!r}: letters, digits, '_', '-' and '.' only")
         from service.endpoints import check_database_url, check_ray_address

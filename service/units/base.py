@@ -20,7 +20,7 @@ from service.units.init import InitSpec, parse_init
 class UnitOptions(BaseModel):
     """Unit-specific options; each unit subclasses this with its own validated fields."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 @dataclass(frozen=True)
