@@ -73,6 +73,8 @@ def _describe_yaml_error(e: yaml.YAMLError) -> str:
         mark = e.problem_mark or e.context_mark
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         what = " ".join(x for x in (e.problem, f"({e.context})" if e.context else None) if x)
+        if "python/" in (e.problem or ""):
+            what += "; tags that build Python objects are never loaded (plain data only)"
         return f"not valid YAML{where}: {what or 'unreadable'}"
     return f"not valid YAML: {' '.join(str(e).split())}"
 
