@@ -44,22 +44,9 @@ def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def _load_yaml(path: Path) -> dict[str, Any]:
-    import yaml
+    from service.yamlio import load_mapping
 
-    try:
-        raw = path.read_bytes()
-        data = yaml.safe_load(raw.decode("utf-8"))
-    except FileNotFoundError:
-        raise UserError(f"{path}: no such file") from None
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML: {e}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: the top level must be a mapping (key: value), not {type(data).__name__}")
-    return data
+    return load_mapping(path)
 
 
 @app.command()

@@ -27,10 +27,10 @@ def report(
     """A self-contained HTML report (works offline) plus PNGs: ranking with 95% CIs,
     parameter importance, success against each parameter, extrapolation MSE, solved_at,
     learned weights, and validation on fresh seeds next to search-time success."""
-    from service.report.build import build_report
-
     try:
         uri = _tracking_uri(tracking_uri, must_exist=True)
+        from service.report.build import build_report
+
         out = output or Path("reports") / name
         files = build_report(uri, name, out, dashboard, log_to_mlflow=not no_log)
     except UserError as e:
@@ -57,10 +57,13 @@ def validate(
     """Re-run the top K settings on S fresh seeds (disjoint from every seed the sweep used)
     on every extrapolation range of the task, as Ray tasks; each becomes a validation child
     run of the sweep's parent run. `nalu-sweep report` then shows both side by side."""
-    from service.search.validate import parse_ranges, validate_sweep
-
     try:
+        from service.endpoints import check_ray_address
+
         uri = _tracking_uri(tracking_uri, must_exist=True)
+        check_ray_address(address)
+        from service.search.validate import parse_ranges, validate_sweep
+
         extra = parse_ranges(range_)
         console.print(f"validating the top {top} settings of {name} on {seeds} fresh seeds each", highlight=False)
         results = validate_sweep(uri, name, top, seeds, extra, address=address, include_pruned=include_pruned)
@@ -83,11 +86,11 @@ def compare(
     tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
 ) -> None:
     """Two sweeps' best settings side by side (search and, when run, validation success)."""
-    from service.report.data import load_report_data
-    from service.report.panels import short_params
-
     try:
         uri = _tracking_uri(tracking_uri, must_exist=True)
+        from service.report.data import load_report_data
+        from service.report.panels import short_params
+
         datas = []
         for n in (name1, name2):
             d = load_report_data(uri, n, top=0)

@@ -22,10 +22,15 @@ TRACKING_HELP = ("MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlit
                  "working directory).")
 
 
-def _tracking_uri(option: Optional[str], must_exist: bool) -> str:
+def _tracking_uri(option: Optional[str], must_exist: bool, probe: bool = True) -> str:
+    """The resolved tracking URI; a server it names must answer within the connect timeout
+    (`service.endpoints`), a local store must exist when ``must_exist``."""
+    from service.endpoints import check_tracking_uri
     from service.tracking.store import resolve_tracking_uri
 
     uri = resolve_tracking_uri(option)
+    if probe:
+        check_tracking_uri(uri)
     if must_exist and uri.startswith("sqlite:///"):
         path = Path(uri.removeprefix("sqlite:///"))
         if not path.is_file():
@@ -134,21 +139,31 @@ def sweep(
     Each trial trains S seeds of one setting; the objective is the lower end of the 95%
     Wilson interval of its success rate.
     """
-    from service.search.space import load_space
-
     try:
+        from service.endpoints import check_database_url, check_ray_address
+
+        # servers first, before the heavy imports: Ray and MLflow would retry them for minutes
+        uri = _tracking_uri(tracking_uri, must_exist=False)
+        check_ray_address(address)
+        if optuna_storage:
+            check_database_url(optuna_storage)
+        from service.search.space import load_space
+
         space = load_space(space_file).with_overrides(
             f"{space_file} with the command-line options",
             trials=trials, seeds=seeds, steps=steps, eval_every=eval_every, concurrency=concurrency,
             cpus=cpus_per_trial, gpus=gpus_per_trial,
         )
-        sweep_name = name or space.name
+        sweep_name = space.name if name is None else name
         if not sweep_name or not all(c.isalnum() or c in "_-." for c in sweep_name):
             raise UserError(f"--name {sweep_name!r}: letters, digits, '_', '-' and '.' only")
+        if resume and uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
+            raise UserError(f"nothing to resume: no tracking store at {uri.removeprefix('sqlite:///')} "
+                            "(use the same --tracking-uri as the original sweep)")
         from service.search.tune_runner import SweepOptions, resolve_storage_path, run_sweep
 
         options = SweepOptions(
-            name=sweep_name, tracking_uri=_tracking_uri(tracking_uri, must_exist=False),
+            name=sweep_name, tracking_uri=uri,
             storage_path=resolve_storage_path(storage_path), space_file=space_file.resolve(),
             address=address, resume=resume, verbose=verbose, optuna_storage=optuna_storage,
         )
@@ -181,10 +196,10 @@ def status(
     tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
 ) -> None:
     """Trials done / running / pruned / failed and the best objective so far."""
-    from service.tracking.queries import list_sweeps, load_sweep
-
     try:
         uri = _tracking_uri(tracking_uri, must_exist=True)
+        from service.tracking.queries import list_sweeps, load_sweep
+
         client = _client(uri)
         views = [load_sweep(client, name)] if name else list_sweeps(client)
         if name and views[0] is None:
@@ -229,10 +244,10 @@ def best(
 ) -> None:
     """The most robust settings of a sweep: parameters, success rate with its 95% CI,
     median solved_at and mean sparsity error, best first."""
-    from service.tracking.queries import list_sweeps, load_sweep
-
     try:
         uri = _tracking_uri(tracking_uri, must_exist=True)
+        from service.tracking.queries import list_sweeps, load_sweep
+
         client = _client(uri)
         view = load_sweep(client, name)
         if view is None:
@@ -258,7 +273,7 @@ def ui(
     from service.tracking.store import artifact_root
 
     try:
-        uri = _tracking_uri(tracking_uri, must_exist=True)
+        uri = _tracking_uri(tracking_uri, must_exist=True, probe=False)  # a server is only named
     except UserError as e:
         fail(str(e))
     if uri.startswith(("http://", "https://")):

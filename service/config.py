@@ -12,6 +12,7 @@ import torch
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from service import limits
 from service.tasks import Task, parse_task
 from service.units.init import parse_init
 from service.units.registry import get_unit
@@ -19,7 +20,7 @@ from service.units.schedule import RegularizerSchedule
 
 
 class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class LayerConfig(Frozen):
@@ -41,7 +42,7 @@ class ModelConfig(Frozen):
     """Layers in order; ``None`` uses the task's reference model (e.g. NAU → NMU for mul)."""
 
     layers: tuple[LayerConfig, ...] | None = None
-    hidden_size: int = Field(2, ge=1, description="width between consecutive layers")
+    hidden_size: int = Field(2, ge=1, le=limits.MAX_WIDTH, description="width between consecutive layers")
 
 
 class OptimizerConfig(Frozen):
@@ -81,19 +82,19 @@ class ReinitConfig(Frozen):
     a seed whose loss has not improved for ``patience`` steps and is above ``threshold``."""
 
     enabled: bool = False
-    every: int = Field(10_000, ge=1)
-    patience: int = Field(10_000, ge=1)
+    every: int = Field(10_000, ge=1, le=limits.MAX_STEPS)
+    patience: int = Field(10_000, ge=1, le=limits.MAX_STEPS)
     threshold: float = Field(1.0, ge=0)
 
 
 class TrainConfig(Frozen):
-    steps: int = Field(50_000, ge=1)
-    batch_size: int = Field(128, ge=1)
+    steps: int = Field(50_000, ge=1, le=limits.MAX_STEPS)
+    batch_size: int = Field(128, ge=1, le=limits.MAX_BATCH_SIZE)
     optimizer: OptimizerConfig = OptimizerConfig()
     loss: Literal["mse", "smooth_l1"] = "mse"
     clip: ClipConfig = ClipConfig()
     reinit: ReinitConfig = ReinitConfig()
-    eval_every: int = Field(1000, ge=1)
+    eval_every: int = Field(1000, ge=1, le=limits.MAX_STEPS)
     regularizer: RegularizerSchedule | None = Field(
         None, description="None: the reference default for the model (NMU: 10, 1e6→2e6; else 0.01, 5e3→5e4)"
     )
@@ -109,9 +110,9 @@ class RunConfig(Frozen):
     task: Task
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
-    seeds: int = Field(16, ge=1)
-    seed_offset: int = Field(0, ge=0)
-    master_seed: int = 0
+    seeds: int = Field(16, ge=1, le=limits.MAX_SEEDS)
+    seed_offset: int = Field(0, ge=0, le=limits.MAX_SEED - limits.MAX_SEEDS)
+    master_seed: int = Field(0, ge=-limits.MAX_SEED, le=limits.MAX_SEED)
     device: Literal["cpu", "cuda", "auto"] = "auto"
     compile: Literal["auto", "on", "off"] = "auto"
     # GPU only, with a compiled step: replay runs of steps as one captured CUDA graph

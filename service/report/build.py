@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from service.errors import UserError
 from service.report.data import ReportData, finite, load_report_data
 from service.report.panels import PANEL_KINDS, Panel, empty, short_params
+from service.yamlio import load_mapping
 
 DEFAULT_DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "report.yaml"
 ARTIFACT_DIR = "report"
@@ -35,12 +34,20 @@ class Dashboard:
     panels: list[PanelSpec]
 
 
+def _options(path: Path, i: int, options: Any) -> dict[str, Any]:
+    if options is not None and not isinstance(options, dict):
+        raise UserError(f"{path}: panels.{i}.options: a mapping (key: value), not {type(options).__name__}")
+    return dict(options or {})
+
+
 def load_dashboard(path: Path | None = None) -> Dashboard:
     path = Path(path) if path else DEFAULT_DASHBOARD
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"{path}: cannot read the dashboard: {e}") from None
+    raw = load_mapping(path)
+    top = raw.get("top", 5)
+    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= 1000:
+        raise UserError(f"{path}: top: a whole number from 1 to 1000 (got {top!r})")
+    if not isinstance(raw.get("panels") or [], list):
+        raise UserError(f"{path}: panels: a list of panels, each with a 'kind'")
     panels = []
     for i, item in enumerate(raw.get("panels") or []):
         if not isinstance(item, dict) or "kind" not in item:
@@ -49,10 +56,10 @@ def load_dashboard(path: Path | None = None) -> Dashboard:
             raise UserError(f"{path}: panels.{i}.kind: unknown panel kind {item['kind']!r}; "
                             f"known: {', '.join(sorted(PANEL_KINDS))}")
         panels.append(PanelSpec(str(item.get("id", item["kind"])), item["kind"],
-                                str(item.get("title", item["kind"])), dict(item.get("options") or {})))
+                                str(item.get("title", item["kind"])), _options(path, i, item.get("options"))))
     if not panels:
         raise UserError(f"{path}: no panels")
-    return Dashboard(str(raw.get("title", "nalu-sweep report: {name}")), int(raw.get("top", 5)), panels)
+    return Dashboard(str(raw.get("title", "nalu-sweep report: {name}")), top, panels)
 
 
 # -- the plain-language summary ------------------------------------------------------------------------

@@ -21,10 +21,11 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from service import limits
 from service.errors import UserError
+from service.yamlio import load_yaml
 
 Primitive = Union[bool, int, float, str]
 DISTRIBUTIONS = ("loguniform", "uniform", "int", "categorical")
@@ -42,7 +43,7 @@ class SearchSpaceError(UserError):
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class _Param(_Frozen):
@@ -80,9 +81,9 @@ class UniformParam(_Param):
     """``low ≤ x ≤ high``, uniform (optionally on a grid of ``step``)."""
 
     type: Literal["uniform"]
-    low: float
-    high: float
-    step: float | None = Field(None, gt=0)
+    low: float = Field(ge=-limits.MAX_PARAM_VALUE, le=limits.MAX_PARAM_VALUE)
+    high: float = Field(ge=-limits.MAX_PARAM_VALUE, le=limits.MAX_PARAM_VALUE)
+    step: float | None = Field(None, gt=0, le=limits.MAX_PARAM_VALUE)
 
     def samples(self) -> list[Any]:
         return [self.low, self.high]
@@ -92,8 +93,8 @@ class LogUniformParam(_Param):
     """``log x`` uniform on ``[log low, log high]``; for learning rates, ε, λ_max."""
 
     type: Literal["loguniform"]
-    low: float = Field(gt=0)
-    high: float = Field(gt=0)
+    low: float = Field(gt=0, le=limits.MAX_PARAM_VALUE)
+    high: float = Field(gt=0, le=limits.MAX_PARAM_VALUE)
 
     def samples(self) -> list[Any]:
         return [self.low, self.high]
@@ -103,9 +104,9 @@ class IntParam(_Param):
     """An integer ``low ≤ n ≤ high`` (every ``step``; ``log: true`` for scale parameters)."""
 
     type: Literal["int"]
-    low: int
-    high: int
-    step: int = Field(1, ge=1)
+    low: int = Field(ge=-limits.MAX_PARAM_VALUE, le=limits.MAX_PARAM_VALUE)
+    high: int = Field(ge=-limits.MAX_PARAM_VALUE, le=limits.MAX_PARAM_VALUE)
+    step: int = Field(1, ge=1, le=limits.MAX_PARAM_VALUE)
     log: bool = False
 
     def samples(self) -> list[Any]:
@@ -147,10 +148,10 @@ class SchedulerSpec(_Frozen):
 
     type: Literal["asha", "none"] = "asha"
     grace_period: int | None = Field(
-        None, ge=1, description="training steps before a trial can be stopped (default: steps / 8)"
+        None, ge=1, le=limits.MAX_STEPS, description="training steps before a trial can be stopped (default: steps / 8)"
     )
-    reduction_factor: float = Field(3.0, gt=1)
-    brackets: int = Field(1, ge=1)
+    reduction_factor: float = Field(3.0, gt=1, le=1000)
+    brackets: int = Field(1, ge=1, le=100)
 
 
 class SamplerSpec(_Frozen):
@@ -158,14 +159,14 @@ class SamplerSpec(_Frozen):
     ``random``, or ``grid`` (every combination of categorical parameters once)."""
 
     type: Literal["tpe", "random", "grid"] = "tpe"
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**32, description="numpy, which Optuna seeds, takes 32 bits")
 
 
 class Resources(_Frozen):
     """What Ray reserves per trial; fractional ``gpus`` let several trials share one GPU."""
 
-    cpus: float = Field(1.0, gt=0)
-    gpus: float = Field(0.0, ge=0)
+    cpus: float = Field(1.0, gt=0, le=limits.MAX_CPUS)
+    gpus: float = Field(0.0, ge=0, le=limits.MAX_GPUS)
 
 
 class SearchSpace(_Frozen):
@@ -182,19 +183,19 @@ class SearchSpace(_Frozen):
         default_factory=dict, description="fixed run-config fields: model, train, device, ..."
     )
     params: dict[str, Param] = Field(default_factory=dict)
-    seeds: int = Field(16, ge=1, description="training seeds per trial (per task)")
-    steps: int = Field(ge=1, description="training steps per seed")
-    eval_every: int = Field(1000, ge=1, description="evaluate (and report to Tune) every k steps")
+    seeds: int = Field(16, ge=1, le=limits.MAX_SEEDS, description="training seeds per trial (per task)")
+    steps: int = Field(ge=1, le=limits.MAX_STEPS, description="training steps per seed")
+    eval_every: int = Field(1000, ge=1, le=limits.MAX_STEPS, description="evaluate (and report to Tune) every k steps")
     objective: Literal["success_ci_low"] = Field(
         "success_ci_low", description="lower end of the 95% Wilson interval of the success rate"
     )
-    trials: int = Field(20, ge=1)
-    concurrency: int = Field(2, ge=1, description="trials running at once")
+    trials: int = Field(20, ge=1, le=limits.MAX_TRIALS)
+    concurrency: int = Field(2, ge=1, le=limits.MAX_CONCURRENCY, description="trials running at once")
     scheduler: SchedulerSpec = SchedulerSpec()
     resources: Resources = Resources()
-    retries: int = Field(1, ge=0, description="times a crashed trial is retried")
+    retries: int = Field(1, ge=0, le=limits.MAX_RETRIES, description="times a crashed trial is retried")
     checkpoint_every: int = Field(
-        10, ge=0, description="checkpoint a trial every k evaluations (and after each task) to the "
+        10, ge=0, le=limits.MAX_STEPS, description="checkpoint a trial every k evaluations (and after each task) to the "
         "Tune storage, so a retried or resumed trial continues from there; 0: never"
     )
     sampler: SamplerSpec = SamplerSpec()
@@ -280,6 +281,10 @@ class SearchSpace(_Frozen):
         for key, why in _RESERVED.items():
             if key in self.fixed:
                 out.append((f"fixed.{key}", why))
+        for key in ("model", "train"):
+            if key in self.fixed and not isinstance(self.fixed[key], dict):
+                out.append((f"fixed.{key}", f"must be a mapping of {key} settings (key: value), "
+                            f"not {type(self.fixed[key]).__name__}"))
         train = self.fixed.get("train")
         if isinstance(train, dict):
             for key in sorted(_RESERVED_TRAIN & set(train)):
@@ -702,20 +707,9 @@ def parse_space(data: Any, source: str = "search space") -> SearchSpace:
 
 
 def load_space(path: str | Path) -> SearchSpace:
-    """Read and validate a search space YAML file (``yaml.safe_load``)."""
+    """Read and validate a search space YAML file (`service.yamlio`: safe and bounded)."""
     path = Path(path)
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise SearchSpaceError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise SearchSpaceError(f"{path}: is a directory, not a search space file") from None
-    except UnicodeDecodeError as e:
-        raise SearchSpaceError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SearchSpaceError(f"{path}: not valid YAML: {e}") from None
+    data = load_yaml(path, SearchSpaceError)
     if data is None:
         raise SearchSpaceError(f"{path}: the file is empty")
     return parse_space(data, source=str(path))

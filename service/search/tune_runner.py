@@ -22,6 +22,7 @@ from typing import Any
 
 from rich.console import Console
 
+from service.endpoints import check_ray_address
 from service.errors import UserError
 from service.search.display import LiveProgress, SweepBoard, register_board, unregister_board
 from service.search.objective import OBJECTIVE
@@ -179,7 +180,7 @@ def _init_ray(address: str | None, verbose: bool) -> bool:
     # the Tune loggers that would write result.json are off: don't warn that it is missing
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
-    _check_reachable(address)  # an explicit, unreachable --address is an error even if Ray is up
+    check_ray_address(address)  # an explicit, unreachable --address is an error even if Ray is up
     if ray.is_initialized():
         return False
     package_root = str(Path(__file__).resolve().parents[2])
@@ -187,7 +188,6 @@ def _init_ray(address: str | None, verbose: bool) -> bool:
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if package_root not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
-    _check_reachable(address)
     extra: dict[str, Any] = {}
     forwarded = store.credential_env()
     if address and forwarded:  # workers on other machines need the MLflow server's credentials
@@ -200,22 +200,6 @@ def _init_ray(address: str | None, verbose: bool) -> bool:
         where = f"the Ray cluster at {address!r}" if address else "a local Ray"
         raise UserError(f"cannot start or reach {where}: {e}") from None
     return True
-
-
-def _check_reachable(address: str | None, timeout_s: float = 5.0) -> None:
-    """``host:port`` addresses are probed first: Ray itself retries an unreachable GCS for
-    minutes before it gives up."""
-    import socket
-
-    if not address or "://" in address or address == "auto" or ":" not in address:
-        return
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout_s):
-            pass
-    except (OSError, ValueError) as e:
-        raise UserError(f"cannot reach the Ray cluster at {address!r} ({e}); start one with "
-                        "'ray start --head' or leave out --address to run locally") from None
 
 
 def _check_resources(space: SearchSpace) -> None:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from service.config import RunConfig
 from service.errors import UserError
 from service.search.space import CategoricalParam, IntParam, SearchSpace, parse_space
@@ -136,8 +138,9 @@ def parse_ranges(items: list[str]) -> dict[str, str]:
             raise UserError(f"--range {item!r}: expected NAME=RANGE, e.g. far=U[6,20]")
         try:
             Range.model_validate(spec)
-        except Exception as e:  # noqa: BLE001
-            raise UserError(f"--range {item!r}: {e}") from None
+        except ValidationError as e:
+            why = "; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors(include_url=False))
+            raise UserError(f"--range {item!r}: {why}") from None
         out[name] = spec
     return out
 

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from service import limits
 from service.seeding import generator_for
 from service.tasks.ranges import Range
 
@@ -35,7 +36,7 @@ _THRESHOLD_CACHE_VERSION = 1  # bump when the simulation changes: old disk entri
 class Task(BaseModel):
     """Base of every task config; subclasses add their own fields and a ``kind`` literal."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     kind: ClassVar[str]
 
     interpolation: Range = Field(
@@ -47,12 +48,12 @@ class Task(BaseModel):
         description="named extrapolation ranges, each with its own evaluation set and threshold",
     )
     dataset_seed: int = Field(
-        0, ge=0, description="fixes the dataset: subset positions (where a task has them) and "
+        0, ge=0, le=limits.MAX_SEED, description="fixes the dataset: subset positions (where a task has them) and "
         "the evaluation sets; never the training seeds",
     )
-    eval_samples: int = Field(10_000, ge=10, description="samples per evaluation set")
+    eval_samples: int = Field(10_000, ge=10, le=limits.MAX_SAMPLES, description="samples per evaluation set")
     threshold_samples: int = Field(
-        1_000_000, ge=1000, description="samples of the success-threshold simulation"
+        1_000_000, ge=1000, le=limits.MAX_SAMPLES, description="samples of the success-threshold simulation"
     )
 
     @field_validator("extrapolation")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from pydantic import Field
 
+from service import limits
 from service.tasks.base import Task
 from service.tasks.ranges import Range
 
@@ -27,7 +28,8 @@ class IdentityTask(Task):
         default_factory=lambda: {"extrapolation": Range.model_validate("U[-20,20]")}
     )
     activation: Activation = Field("relu", description="the MLP's activation")
-    hidden_sizes: tuple[int, ...] = Field((8, 8, 8), min_length=1, description="MLP hidden widths")
+    hidden_sizes: tuple[Annotated[int, Field(ge=1, le=limits.MAX_WIDTH)], ...] = Field(
+        (8, 8, 8), min_length=1, max_length=100, description="MLP hidden widths")
 
     @property
     def input_size(self) -> int:

@@ -10,6 +10,17 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from service import rng
 
+def _number(value: Any) -> bool:
+    """A real number that fits a float (``True`` is not a number here)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
+
+
 _INTERVAL = re.compile(r"U?\[\s*([-+0-9.eE]+)\s*,\s*([-+0-9.eE]+)\s*\]")
 
 
@@ -20,7 +31,7 @@ class Range(BaseModel):
     or ``[[-6, -2], [2, 6]]``.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, allow_inf_nan=False)
     intervals: tuple[tuple[float, float], ...]
 
     @model_validator(mode="before")
@@ -37,10 +48,12 @@ class Range(BaseModel):
                 raise ValueError(f"cannot read range {value!r}; write e.g. 'U[1,2]' or 'U[-6,-2] ∪ U[2,6]'")
             return {"intervals": tuple((float(a), float(b)) for a, b in found)}
         if isinstance(value, (list, tuple)):
-            if len(value) == 2 and all(isinstance(v, (int, float)) for v in value):
+            if len(value) == 2 and all(_number(v) for v in value):
                 return {"intervals": ((float(value[0]), float(value[1])),)}
-            return {"intervals": tuple(tuple(map(float, iv)) for iv in value)}
-        raise ValueError(f"cannot read range {value!r}")
+            if value and all(isinstance(iv, (list, tuple)) and len(iv) == 2 and all(map(_number, iv))
+                             for iv in value):
+                return {"intervals": tuple((float(lo), float(hi)) for lo, hi in value)}
+        raise ValueError(f"cannot read range {value!r}; write e.g. 'U[1,2]', [1, 2] or [[-6, -2], [2, 6]]")
 
     @model_validator(mode="after")
     def _check(self) -> "Range":

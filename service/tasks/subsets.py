@@ -7,6 +7,7 @@ import math
 import torch
 from pydantic import Field, model_validator
 
+from service import limits
 from service.tasks.base import Task
 
 
@@ -32,7 +33,7 @@ class SubsetTask(Task):
     offset drawn from ``dataset_seed`` (fixed for the dataset, not per training seed).
     """
 
-    input_size: int = Field(100, ge=1, description="number of inputs x")
+    input_size: int = Field(100, ge=1, le=limits.MAX_WIDTH, description="number of inputs x")
     subset_ratio: float = Field(0.25, gt=0, le=1, description="subset size as a share of input_size")
     overlap_ratio: float = Field(0.5, ge=0, le=1, description="overlap as a share of the subset size")
 

@@ -39,7 +39,7 @@ def _on_host(module: nn.Module) -> Iterator[None]:
 class UnitOptions(BaseModel):
     """Unit-specific options; each unit subclasses this with its own validated fields."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 @dataclass(frozen=True)

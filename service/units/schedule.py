@@ -20,7 +20,7 @@ class RegularizerSchedule(BaseModel):
     ``constant``: λ_max from t_start on; ``exponential``: λ_max·(e^{5p} − 1)/(e^5 − 1) with
     the same p, a slow start that reaches λ_max at t_end."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     shape: Literal["linear", "constant", "exponential"] = "linear"
     lambda_max: float = 10.0
     t_start: int = 1_000_000
