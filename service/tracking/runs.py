@@ -18,7 +18,7 @@ from typing import Any
 from service.tracking import store
 from service.tracking.store import (
     TAG_ATTEMPTS, TAG_GIT_COMMIT, TAG_MLFLOW_GIT, TAG_OUTCOME, TAG_PARENT, TAG_ROLE,
-    TAG_SPACE_FILE, TAG_SPACE_HASH, TAG_STORAGE, TAG_SWEEP, TAG_TRIAL_KEY, retry,
+    TAG_METRIC_POINTS, TAG_SPACE_FILE, TAG_SPACE_HASH, TAG_STORAGE, TAG_SWEEP, TAG_TRIAL_KEY, retry,
 )
 
 MAX_PARAM_LENGTH = 6000
@@ -145,85 +145,84 @@ class TrialRun:
     """The MLflow child run of one Tune trial.
 
     `open` reuses the run tagged with the same trial key under the same parent (a retry or
-    a resumed trial), else creates one. Metrics are sent as one asynchronous batch per
-    evaluation; `close` waits for them, then sets the final status. Steps already logged by
-    an earlier attempt are skipped, so a restarted trial leaves one consistent series.
+    a resumed trial), else creates one; it waits out an absent server (up to the patience
+    of `service.tracking.spool`), since a trial may start while the server is away.
+    Every later write goes through the run's `Outbox`: journalled locally, sent in order in
+    the background, retried while the server is away, so neither a metric point nor an
+    artifact is lost and the trial is never failed for it. `close` tags the outcome and
+    the number of metric points logged (``nalu_sweep.metric_points``), sets the status,
+    and waits for everything to arrive. Steps already logged by an earlier attempt are
+    skipped, so a restarted trial leaves one consistent series.
     """
 
-    def __init__(self, client: Any, run_id: str, resumed_from_step: int | None) -> None:
+    def __init__(self, client: Any, run_id: str, resumed_from_step: int | None, tracking_uri: str = "") -> None:
+        from service.tracking.spool import Outbox
+
         self.client = client
         self.run_id = run_id
         self.resumed_from_step = resumed_from_step
-        self._pending: list[Any] = []
+        self.outbox = Outbox(client, run_id, tracking_uri)
         self.closed = False
 
     @classmethod
     def open(cls, tracking_uri: str, experiment_id: str, parent_run_id: str, trial_key: str,
              run_name: str, params: dict[str, Any], tags: dict[str, str] | None = None) -> "TrialRun":
+        from service.tracking.spool import patience_s
+
+        store.tolerate_outages()
         client = store.client(tracking_uri)
-        existing = _all_runs(client, [experiment_id],
-                             f"tags.`{TAG_PARENT}` = {_quote(parent_run_id)} AND "
-                             f"tags.`{TAG_TRIAL_KEY}` = {_quote(trial_key)}")
-        if existing:
-            run = max(existing, key=lambda r: r.info.start_time or 0)
-            run_id = run.info.run_id
-            attempts = int(run.data.tags.get(TAG_ATTEMPTS, "1")) + 1
-            history = retry(lambda: client.get_metric_history(run_id, "objective"))
-            last = max((m.step for m in history), default=None)
-            retry(lambda: client.update_run(run_id, status="RUNNING"))
-            for key, value in {TAG_ATTEMPTS: str(attempts), TAG_OUTCOME: "running"}.items():
-                retry(lambda: client.set_tag(run_id, key, value))
-            trial = cls(client, run_id, last)
-        else:
+        patience = patience_s()
+
+        def find_or_create() -> tuple[str, int | None, int | None]:
+            """(run id, last logged step, attempt) — looked up again on every try, so a
+            create whose answer was lost is found instead of created twice."""
+            existing = _all_runs(client, [experiment_id],
+                                 f"tags.`{TAG_PARENT}` = {_quote(parent_run_id)} AND "
+                                 f"tags.`{TAG_TRIAL_KEY}` = {_quote(trial_key)}")
+            if existing:
+                run = max(existing, key=lambda r: r.info.start_time or 0)
+                history = client.get_metric_history(run.info.run_id, "objective")
+                last = max((m.step for m in history), default=None)
+                client.update_run(run.info.run_id, status="RUNNING")
+                return run.info.run_id, last, int(run.data.tags.get(TAG_ATTEMPTS, "1")) + 1
             all_tags = {TAG_PARENT: parent_run_id, TAG_ROLE: "trial", TAG_TRIAL_KEY: trial_key,
                         TAG_ATTEMPTS: "1", TAG_OUTCOME: "running", **(tags or {})}
-            run = retry(lambda: client.create_run(experiment_id, tags=all_tags, run_name=run_name))
-            trial = cls(client, run.info.run_id, None)
-            log_params(client, trial.run_id, params)
+            run = client.create_run(experiment_id, tags=all_tags, run_name=run_name)
+            return run.info.run_id, None, None
+
+        run_id, last, attempts = retry(find_or_create, patience_s=patience)
+        trial = cls(client, run_id, last, tracking_uri)
+        if attempts is not None:
+            trial.outbox.set_tags({TAG_ATTEMPTS: str(attempts), TAG_OUTCOME: "running"})
+        else:
+            trial.outbox.log_params({str(k): str(v)[:MAX_PARAM_LENGTH] for k, v in params.items()})
         return trial
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        """One batch of finite metrics at ``step`` (asynchronous)."""
-        from mlflow.entities import Metric
-
+        """One batch of finite metrics at ``step`` (journalled now, sent in the background)."""
         if self.resumed_from_step is not None and step <= self.resumed_from_step:
             return
         now = int(time.time() * 1000)
-        batch = [Metric(k, float(v), now, int(step)) for k, v in metrics.items()
-                 if v is not None and math.isfinite(float(v))]
-        for i in range(0, len(batch), 900):
-            chunk = batch[i:i + 900]
-            try:
-                op = self.client.log_batch(self.run_id, metrics=chunk, synchronous=False)
-                self._pending.append((op, chunk))
-            except Exception:  # noqa: BLE001 - fall back to a synchronous write
-                retry(lambda: self.client.log_batch(self.run_id, metrics=chunk))
+        self.outbox.log_metrics([(k, float(v), now, int(step)) for k, v in metrics.items()
+                                 if v is not None and math.isfinite(float(v))])
 
-    def flush(self) -> None:
-        """Wait for queued metric batches; a batch that failed is written again synchronously."""
-        pending, self._pending = self._pending, []
-        for op, chunk in pending:
-            try:
-                op.wait()
-            except Exception:  # noqa: BLE001
-                retry(lambda: self.client.log_batch(self.run_id, metrics=chunk))
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every write so far has reached the server (True), or ``timeout_s``."""
+        return self.outbox.drain(timeout_s)
 
     def set_tags(self, tags: dict[str, str]) -> None:
-        from mlflow.entities import RunTag
-
-        batch = [RunTag(k, str(v)) for k, v in tags.items()]
-        retry(lambda: self.client.log_batch(self.run_id, tags=batch))
+        self.outbox.set_tags(tags)
 
     def log_artifact_dir(self, directory: Path, artifact_path: str | None = None) -> None:
-        retry(lambda: self.client.log_artifacts(self.run_id, str(directory), artifact_path))
+        """Upload the files of ``directory`` (copied into the spool first: it may go away)."""
+        self.outbox.log_artifacts(directory, artifact_path)
 
     def close(self, outcome: str) -> None:
-        """Flush metrics, tag the outcome and set the MLflow status (idempotent)."""
+        """Tag the outcome, set the MLflow status and wait for every write to arrive, up to
+        the patience (idempotent; never raises for an absent server)."""
         if self.closed:
             return
         self.closed = True
-        try:
-            self.flush()
-        finally:
-            retry(lambda: self.client.set_tag(self.run_id, TAG_OUTCOME, outcome))
-            retry(lambda: self.client.set_terminated(self.run_id, status=FINAL_STATUS.get(outcome, "FAILED")))
+        self.outbox.set_tags({TAG_OUTCOME: outcome, TAG_METRIC_POINTS: str(self.outbox.logged_points)})
+        self.outbox.set_status(FINAL_STATUS.get(outcome, "FAILED"))
+        self.outbox.close()

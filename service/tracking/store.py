@@ -32,6 +32,7 @@ TAG_MLFLOW_GIT = "mlflow.source.git.commit"
 TAG_NODE = "nalu_sweep.node_ip"  # the Ray node a trial ran on
 TAG_RESUMED_FROM = "nalu_sweep.resumed_from_step"  # a retried/resumed trial's checkpoint step
 TAG_PARAMS_SHA256 = "nalu_sweep.params_sha256"  # digest of a completed trial's final parameters
+TAG_METRIC_POINTS = "nalu_sweep.metric_points"  # metric points a trial attempt logged (sent or spooled)
 
 # An MLflow server with basic auth: the client reads these (Ray workers need them too).
 CREDENTIAL_VARS = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN",
@@ -87,18 +88,71 @@ def client(tracking_uri: str):
     return MlflowClient(tracking_uri=tracking_uri)
 
 
-def retry(fn: Callable[[], T], attempts: int = 8, delay_s: float = 0.2) -> T:
+def _is_locked(e: BaseException) -> bool:
+    text = str(e).lower()
+    return "locked" in text or "busy" in text
+
+
+def is_transient(e: BaseException) -> bool:
+    """True for errors that say "try again later": a locked SQLite file, a server that
+    cannot be reached or times out, or one that answers 5xx / 429 (an MLflow REST error
+    carries its HTTP status); False for a request the server refused (4xx) or a bug."""
+    if _is_locked(e):
+        return True
+    if isinstance(e, (ConnectionError, TimeoutError)):
+        return True
+    try:
+        import requests
+
+        if isinstance(e, (requests.ConnectionError, requests.Timeout)):
+            return True
+    except ImportError:  # pragma: no cover - mlflow depends on requests
+        pass
+    status = getattr(e, "get_http_status_code", None)
+    if callable(status):
+        try:
+            code = int(status())
+        except Exception:  # noqa: BLE001
+            code = 0
+        return code >= 500 or code in (408, 429)
+    return False
+
+
+def retry(fn: Callable[[], T], attempts: int = 8, delay_s: float = 0.2, patience_s: float | None = None) -> T:
     """Call ``fn``, retrying while SQLite reports a locked database (concurrent trials
-    write to one file); any other error is raised at once."""
-    for i in range(attempts):
+    write to one file). With ``patience_s``, any transient error (`is_transient`: the
+    server is away or overloaded) is also retried, with backoff from 0.5 s to 15 s, until
+    that many seconds have passed. Any other error is raised at once."""
+    deadline = None if patience_s is None else time.monotonic() + patience_s
+    backoff = 0.5
+    i = 0
+    while True:
         try:
             return fn()
         except Exception as e:  # noqa: BLE001 - MlflowException / sqlalchemy OperationalError
-            text = str(e).lower()
-            if i == attempts - 1 or not ("locked" in text or "busy" in text):
+            i += 1
+            if _is_locked(e) and i < attempts:
+                time.sleep(delay_s * (2 ** (i - 1)))
+                continue
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is None or left <= 0 or not is_transient(e):
                 raise
-            time.sleep(delay_s * (2 ** i))
-    raise AssertionError("unreachable")
+            if backoff == 0.5:
+                import logging
+
+                logging.getLogger("nalu_sweep.tracking").warning(
+                    "tracking server unavailable (%s); retrying for up to %.0f s", type(e).__name__, left)
+            time.sleep(min(backoff, left))
+            backoff = min(backoff * 2, 15.0)
+
+
+def tolerate_outages() -> None:
+    """Make one MLflow HTTP call fail within seconds when the server is away (instead of
+    its own retries over minutes), so the caller's backoff and spool are in control. Set
+    only where unset: the environment may choose otherwise."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
 
 
 def ensure_experiment(mlflow_client: Any, name: str, tracking_uri: str) -> str:

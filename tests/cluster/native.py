@@ -188,11 +188,16 @@ class Cluster:
                             "-w", "stop"], capture_output=True, timeout=60)
 
     # -- MLflow server --------------------------------------------------------------------------
-    def start_mlflow(self) -> None:
+    def start_mlflow(self, workers: int = 1) -> None:
+        """Start the MLflow server; called again after `stop_mlflow`, it comes back on the
+        same port with the same backend store, artifacts and users (a restart)."""
         import secrets
 
-        self.admin_password = secrets.token_urlsafe(16)
-        self.mlflow_port = free_port()
+        first = not self.admin_password
+        if first:
+            self.admin_password = secrets.token_urlsafe(16)
+            self.mlflow_port = free_port()
+            self._mlflow_secret = secrets.token_hex(16)
         ini = self.root / "basic_auth.ini"
         ini.write_text("[mlflow]\ndefault_permission = READ\n"
                        f"database_uri = {self.db_url('mlflow_auth')}\nadmin_username = {ADMIN_USER}\n"
@@ -200,16 +205,27 @@ class Cluster:
                        "auth_cache_ttl_seconds = 60\n")
         ini.chmod(0o600)
         artifacts = self.root / "artifacts"
-        artifacts.mkdir()
+        artifacts.mkdir(exist_ok=True)
         env = {"MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_PASSWORD": self.admin_password,
-               "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16)}
+               "MLFLOW_FLASK_SERVER_SECRET_KEY": self._mlflow_secret}
         proc = self._spawn("mlflow", [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
                                "--backend-store-uri", self.db_url("mlflow"), "--serve-artifacts",
                                "--artifacts-destination", artifacts.as_uri(), "--host", "127.0.0.1",
-                               "--port", str(self.mlflow_port), "--workers", "1"], env)
+                               "--port", str(self.mlflow_port), "--workers", str(workers)], env)
+        self._mlflow_proc = proc
         url = f"{self.tracking_uri}/health"
         wait_until(lambda: urllib.request.urlopen(url, timeout=2).status == 200, 150, "mlflow server",
                    self.logs["mlflow"], proc)
+
+    def stop_mlflow(self) -> None:
+        """Stop the MLflow server (and its workers) only; `start_mlflow` brings it back."""
+        proc = getattr(self, "_mlflow_proc", None)
+        if proc is None:
+            return
+        stop_trees([proc])
+        self.procs.remove(proc)
+        self._mlflow_proc = None
+        wait_until(lambda: not _port_open("127.0.0.1", self.mlflow_port), 30, "mlflow server stop")
 
     # -- Ray ------------------------------------------------------------------------------------
     def _ray_ports(self, ip: str) -> list[str]:
@@ -259,3 +275,10 @@ class Cluster:
 def _connects(host: str, port: int) -> bool:
     with socket.create_connection((host, port), timeout=1):
         return True
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        return _connects(host, port)
+    except OSError:
+        return False
