@@ -171,7 +171,8 @@ class TrialRun:
             history = retry(lambda: client.get_metric_history(run_id, "objective"))
             last = max((m.step for m in history), default=None)
             retry(lambda: client.update_run(run_id, status="RUNNING"))
-            for key, value in {TAG_ATTEMPTS: str(attempts), TAG_OUTCOME: "running"}.items():
+            # the caller's tags describe this attempt (a retry may run on another node)
+            for key, value in {**(tags or {}), TAG_ATTEMPTS: str(attempts), TAG_OUTCOME: "running"}.items():
                 retry(lambda: client.set_tag(run_id, key, value))
             trial = cls(client, run_id, last)
         else:
