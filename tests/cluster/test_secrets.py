@@ -46,8 +46,8 @@ def findings(text: str) -> list[str]:
                 out.append(f"{n}: password in a URI")
         for m in ASSIGNMENT.finditer(line):
             value = m.group("value")
-            # a literal of some length: short words are names (`token: str`), not secrets
-            if _literal(value) and len(value) >= 8 and not re.fullmatch(r"[A-Za-z_.]+\(?", value):
+            # a literal of some length; short words are names (`token: str`), calls are code
+            if _literal(value) and len(value) >= 8 and "(" not in value and not re.fullmatch(r"[A-Za-z_.]+", value):
                 out.append(f"{n}: {m.group(1)} assigned a literal")
         for what, pattern in KEYS.items():
             if pattern.search(line):
