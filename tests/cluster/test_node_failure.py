@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEP = "node-failure"
-EVAL_EVERY = 1000
-STEPS = 4000
+EVAL_EVERY = 500
+STEPS = 3000
 SPACE = f"""
 name: {SWEEP}
 task: {{kind: small_mul, eval_samples: 200, threshold_samples: 1000}}
