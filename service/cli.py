@@ -28,8 +28,11 @@ def _main() -> None:
 
 
 def fail(message: str, code: int = 2) -> None:
-    """Print a user-facing error (no traceback) and exit."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print a user-facing error (no traceback) and exit; a password inside a URI in the
+    message (``scheme://user:pw@host``) is shown as ``***``."""
+    from service.tracking.store import redact
+
+    err_console.print(f"[bold red]error:[/] {redact(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 

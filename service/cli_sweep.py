@@ -44,6 +44,13 @@ def _client(uri: str):
     return client(uri)
 
 
+def _shown(uri: str) -> str:
+    """A tracking URI as printed: never with its password."""
+    from service.tracking.store import redact
+
+    return redact(uri)
+
+
 def _fmt(value: Optional[float], spec: str = ".3g") -> str:
     return "—" if value is None or not math.isfinite(value) else format(value, spec)
 
@@ -168,7 +175,7 @@ def sweep(
             address=address, resume=resume, verbose=verbose, optuna_storage=optuna_storage,
         )
         console.print(f"sweep [bold]{sweep_name}[/]: {space.trials} trials × {space.seeds} seeds × "
-                      f"{space.steps} steps, {space.concurrency} at a time; tracking {options.tracking_uri}",
+                      f"{space.steps} steps, {space.concurrency} at a time; tracking {_shown(options.tracking_uri)}",
                       highlight=False)
         summary = run_sweep(space, options, console)
     except UserError as e:
@@ -201,16 +208,19 @@ def status(
         from service.tracking.queries import list_sweeps, load_sweep
 
         client = _client(uri)
-        views = [load_sweep(client, name)] if name else list_sweeps(client)
+        try:
+            views = [load_sweep(client, name)] if name else list_sweeps(client)
+        except Exception as e:  # noqa: BLE001 - an unreachable or refusing tracking store
+            raise UserError(f"cannot read the MLflow tracking store {uri}: {e}") from None
         if name and views[0] is None:
             known = ", ".join(v.name for v in list_sweeps(client)) or "(none)"
             raise UserError(f"no sweep named {name!r} in {uri}; sweeps: {known}")
     except UserError as e:
         fail(str(e))
     if not views:
-        console.print(f"no sweeps in {uri}")
+        console.print(f"no sweeps in {_shown(uri)}")
         return
-    table = Table(title=f"sweeps in {uri}")
+    table = Table(title=f"sweeps in {_shown(uri)}")
     for col in ("sweep", "state", "started", "finished/planned", "running", "completed", "pruned", "failed",
                 "interrupted", "best objective", "best success [95% CI]"):
         table.add_column(col, justify="left" if col in ("sweep", "state") else "right")
@@ -249,7 +259,10 @@ def best(
         from service.tracking.queries import list_sweeps, load_sweep
 
         client = _client(uri)
-        view = load_sweep(client, name)
+        try:
+            view = load_sweep(client, name)
+        except Exception as e:  # noqa: BLE001 - an unreachable or refusing tracking store
+            raise UserError(f"cannot read the MLflow tracking store {uri}: {e}") from None
         if view is None:
             known = ", ".join(v.name for v in list_sweeps(client)) or "(none)"
             raise UserError(f"no sweep named {name!r} in {uri}; sweeps: {known}")
@@ -277,7 +290,7 @@ def ui(
     except UserError as e:
         fail(str(e))
     if uri.startswith(("http://", "https://")):
-        console.print(f"the tracking store is an MLflow server: open {uri}")
+        console.print(f"the tracking store is an MLflow server: open {_shown(uri)}")
         return
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
     root = artifact_root(uri)

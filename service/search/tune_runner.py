@@ -7,8 +7,9 @@
   (``FailureConfig``).
 - A local Ray is started by default; ``address`` connects to a running cluster.
 - ``resume`` continues an interrupted sweep with ``Tuner.restore`` (the searcher's state is
-  restored with it); MLflow child runs left RUNNING by the crash are closed first, and a
-  resumed trial reopens its own run (see `service.tracking.runs.TrialRun`).
+  restored with it, and the Optuna study is made to agree with it: `service.search.study`);
+  MLflow child runs left RUNNING by the crash are closed first, and a resumed trial reopens
+  its own run (see `service.tracking.runs.TrialRun`).
 - Trials checkpoint to the Tune storage (`service.search.trial_state`); a retried or
   resumed trial continues from its latest checkpoint instead of starting over.
 """
@@ -326,13 +327,13 @@ def _trial_name(trial: Any) -> str:
 def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-    from ray.tune.search.optuna import OptunaSearch
+    from service.search.study import ResumableOptunaSearch
 
     study: dict[str, Any] = {}
     if options.optuna_storage:
         study = {"storage": optuna_storage(options.optuna_storage), "study_name": options.name}
-    searcher = OptunaSearch(space=DefineByRun(space), metric=OBJECTIVE, mode="max",
-                            sampler=make_sampler(space), **study)
+    searcher = ResumableOptunaSearch(space=DefineByRun(space), metric=OBJECTIVE, mode="max",
+                                     sampler=make_sampler(space), **study)
     if space.scheduler.type == "asha":
         scheduler = ASHAScheduler(
             time_attr="training_iteration", metric=OBJECTIVE, mode="max",

@@ -193,7 +193,8 @@ class TrialRun:
         run_id, last, attempts = retry(find_or_create, patience_s=patience)
         trial = cls(client, run_id, last, tracking_uri)
         if attempts is not None:
-            trial.outbox.set_tags({TAG_ATTEMPTS: str(attempts), TAG_OUTCOME: "running"})
+            # the caller's tags describe this attempt (a retry may run on another node)
+            trial.outbox.set_tags({**(tags or {}), TAG_ATTEMPTS: str(attempts), TAG_OUTCOME: "running"})
         else:
             trial.outbox.log_params({str(k): str(v)[:MAX_PARAM_LENGTH] for k, v in params.items()})
         return trial

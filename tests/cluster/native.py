@@ -236,10 +236,12 @@ class Cluster:
                 "--metrics-export-port", str(free_port(ip)), "--min-worker-port", "0",
                 "--max-worker-port", "0"] if low else []
 
-    def start_ray(self) -> None:
+    def start_ray(self, env: dict[str, str] | None = None) -> None:
+        """Head and worker node; ``env`` is added to both `ray start` environments (e.g. the
+        GCS's ``RAY_health_check_*`` settings)."""
         ray = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--num-cpus", "1",
                "--num-gpus", "0", "--disable-usage-stats", "--object-store-memory", str(100 * 2**20)]
-        env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
         # Ray keeps sockets under its temp dir: a short path (AF_UNIX paths are ≤ 107 bytes)
         temp = Path(tempfile.mkdtemp(prefix="nsray", dir="/tmp"))
         self.ray_temp = temp
@@ -250,8 +252,30 @@ class Cluster:
         wait_until(lambda: _connects(HEAD_IP, self.ray_port), 120, "ray head", self.logs["ray-head"], head)
         worker = self._spawn("ray-worker", [*ray, "--address", self.ray_address, "--node-ip-address", WORKER_IP,
                                    *self._ray_ports(WORKER_IP)], env)
+        self.ray_worker = worker
         wait_until(lambda: self.alive_ray_nodes() == {HEAD_IP, WORKER_IP}, 120, "ray worker node",
                    self.logs["ray-worker"], worker)
+
+    def worker_raylet(self):
+        """The worker node's raylet (a `psutil.Process`): a child of the `ray start --block`
+        started here, found by name among its descendants only."""
+        import psutil
+
+        for pid in _descendants(self.ray_worker.pid):
+            p = _proc(pid)
+            try:
+                if p is not None and p.name() == "raylet":
+                    return p
+            except psutil.Error:
+                continue
+        raise LookupError(f"no raylet below the worker node's ray start (pid {self.ray_worker.pid})")
+
+    def kill_worker_raylet(self) -> int:
+        """SIGKILL the worker node's raylet, as if the machine died; returns its pid."""
+        raylet = self.worker_raylet()
+        raylet.send_signal(signal.SIGKILL)
+        raylet.wait(timeout=30)
+        return raylet.pid
 
     def alive_ray_nodes(self) -> set[str]:
         out = subprocess.run([sys.executable, "-c", (

@@ -221,3 +221,40 @@ def test_the_workers_reach_the_services_by_name():
     assert "@postgres:5432/optuna" in env["NALU_SWEEP_OPTUNA_STORAGE"]
     assert env["RAY_AUTH_MODE"] == "token"
     assert "--address=ray-head:6379" in SERVICES["ray-worker"]["command"]
+
+
+def test_ray_token_auth_stays_on():
+    """Ray 2.60 turns token auth on by default; compose keeps it on for every Ray process
+    and takes the token from .env."""
+    for name, svc in SERVICES.items():
+        env = svc.get("environment", {})
+        assert str(env.get("RAY_AUTH_MODE", "token")).lower() != "disabled", name
+        assert "disabled" not in " ".join(map(str, svc.get("command", []))), name
+    for name in ("ray-head", "ray-worker"):
+        env = SERVICES[name]["environment"]
+        assert env["RAY_AUTH_MODE"] == "token", name
+        m = VAR.fullmatch(env["RAY_AUTH_TOKEN"])
+        assert m and m.group(1) == "RAY_AUTH_TOKEN" and m.group(2) == ":?", name
+    assert env_example()["RAY_AUTH_TOKEN"] == "change-me"
+
+
+def test_ray_dashboard_client_and_gcs_are_not_public():
+    env = env_example()
+    for name, svc in SERVICES.items():
+        for host_ip, _, target in _published(svc, env):
+            if target in ("8265", "10001"):
+                assert host_ip == "127.0.0.1", f"{name} publishes Ray port {target} on {host_ip or '0.0.0.0'}"
+            assert target not in ("6379", "8076", "8077"), f"{name} publishes Ray's internal port {target}"
+        assert not svc.get("expose") or name == "postgres", name
+
+
+def test_mlflow_requires_a_login():
+    start = (ROOT / "deploy" / "mlflow" / "start-mlflow.sh").read_text()
+    assert re.search(r"mlflow server\s*\\?\s*--app-name basic-auth", start)
+    assert "default_permission = READ" in start  # a new user cannot write others' runs
+    env = SERVICES["mlflow"]["environment"]
+    for key in ("MLFLOW_AUTH_ADMIN_PASSWORD", "MLFLOW_FLASK_SERVER_SECRET_KEY"):
+        m = VAR.fullmatch(env[key])
+        assert m and m.group(2) == ":?", key  # from .env, compose stops when it is unset
+    client = SERVICES["ray-worker"]["environment"]
+    assert VAR.fullmatch(client["MLFLOW_TRACKING_PASSWORD"]).group(1) == "MLFLOW_ADMIN_PASSWORD"

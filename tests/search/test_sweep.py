@@ -99,7 +99,14 @@ def _finished_trials(db: Path) -> int:
 
 @pytest.mark.slow
 def test_resume_after_the_driver_is_killed(ray_address, tmp_path):
-    args = ["sweep", SMOKE, "--trials", "4", "--seeds", "4", "--steps", "1000", "--name", "resume-e2e"]
+    """SIGKILL the driver mid-sweep, then ``--resume``: every trial once in MLflow and
+    finished, nothing left RUNNING, and the Optuna study (kept in SQLite) agrees: no trial
+    RUNNING, one finished Optuna trial per Tune trial, with MLflow's objective."""
+    import optuna
+
+    study_url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    args = ["sweep", SMOKE, "--trials", "4", "--seeds", "4", "--steps", "1000", "--name", "resume-e2e",
+            "--optuna-storage", study_url]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     driver = subprocess.Popen([sys.executable, "-c", "from service.cli import app; app()", *args,
                                "--address", ray_address],
@@ -126,3 +133,15 @@ def test_resume_after_the_driver_is_killed(ray_address, tmp_path):
     for child in children:
         assert child.info.status == "FINISHED", (child.info.run_name, child.data.tags)
         assert child.data.tags[store.TAG_OUTCOME] in ("completed", "pruned")
+    experiment = client.get_experiment_by_name("resume-e2e")
+    assert not client.search_runs([experiment.experiment_id], "attributes.status = 'RUNNING'")
+
+    states = optuna.trial.TrialState
+    study = optuna.load_study(study_name="resume-e2e", storage=study_url)
+    assert all(t.state in (states.COMPLETE, states.PRUNED, states.FAIL) for t in study.trials), \
+        [(t.number, t.state) for t in study.trials]
+    told = [t for t in study.trials if t.state != states.FAIL]  # FAIL: asked, then abandoned by the kill
+    assert len(told) == len(children) == 4
+    optuna_objectives = {t.params["lr"]: t.value for t in told}
+    mlflow_objectives = {float(c.data.params["lr"]): c.data.metrics["objective"] for c in children}
+    assert optuna_objectives == pytest.approx(mlflow_objectives)
