@@ -186,7 +186,12 @@ def sweep(
                   f"{c.get('interrupted', 0)} interrupted", highlight=False)
     from service.tracking.queries import load_sweep
 
-    view = load_sweep(_client(summary.tracking_uri), summary.name)
+    try:
+        view = load_sweep(_client(summary.tracking_uri), summary.name)
+    except Exception as e:  # noqa: BLE001 - the store went away after the sweep was recorded
+        console.print(f"[yellow]cannot show the best settings now ({type(e).__name__}); "
+                      f"try `nalu-sweep best {summary.name}` later[/]", highlight=False)
+        view = None
     if view is not None and view.ranked():
         _print(best_table(view, top=5))
     console.print(f"details: [bold]nalu-sweep best {summary.name}[/], or browse with [bold]nalu-sweep ui[/]",

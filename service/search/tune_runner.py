@@ -283,6 +283,38 @@ def _settle_trial_runs(client: Any, experiment_id: str, parent_run_id: str,
             runs.settle_trial_run(client, run.info.run_id, "interrupted")
 
 
+def _record_end(client: Any, options: SweepOptions, experiment_id: str, parent_run_id: str,
+                trials: dict[str, TuneTrial], outcome: str, planned: int) -> tuple[dict[str, int], float | None, str]:
+    """Settle the trial runs and close the parent run; returns the counts, the best
+    objective and the sweep's outcome. A tracking server that is away when the sweep ends
+    is waited for (with backoff, up to the spool's patience) rather than leaving the sweep
+    half-recorded; every step here is idempotent, so a retry repeats it from the start."""
+    from service.tracking.spool import patience_s
+
+    def record() -> tuple[dict[str, int], float | None, str]:
+        _settle_trial_runs(client, experiment_id, parent_run_id, trials, complete=outcome == "completed")
+        counts, best = _trial_counts(client, experiment_id, parent_run_id)
+        finished = counts["completed"] + counts["pruned"] + counts["failed"]
+        final = "interrupted" if outcome == "completed" and finished < planned else outcome
+        runs.finish_sweep_run(client, parent_run_id, final, {
+            "trials_completed": counts["completed"], "trials_pruned": counts["pruned"],
+            "trials_failed": counts["failed"], **({"best_objective": best} if best is not None else {}),
+        })
+        return counts, best, final
+
+    patience = patience_s()
+    try:
+        return store.retry(record, attempts=1, patience_s=patience)
+    except Exception as e:  # noqa: BLE001 - still unreachable after waiting
+        if not store.is_transient(e):
+            raise
+        raise UserError(
+            f"the MLflow tracking store {store.redact(options.tracking_uri)} did not answer for {patience:.0f} s "
+            f"when the sweep ended ({type(e).__name__}); the trials' results are in it or in the local spool "
+            f"(upload with: python -m service.tracking.spool upload). Once it is back, run the same command "
+            f"with --resume to record the sweep's end") from None
+
+
 def make_sampler(space: SearchSpace):
     """The seeded Optuna sampler named by the space (TPE by default)."""
     import optuna
@@ -454,8 +486,6 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
     register_board(board)
     outcome = "failed"
     grid = None
-    counts: dict[str, int] = {}
-    best = None
     try:
         trainable = make_trainable(settings)
         if options.resume:
@@ -476,16 +506,8 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
     finally:
         board.stop()
         unregister_board(board)
-        total_steps = space.steps * len(space.task_configs())
-        trials = _tune_trials(grid, board, total_steps)
-        _settle_trial_runs(client, experiment_id, parent_run_id, trials, complete=outcome == "completed")
-        counts, best = _trial_counts(client, experiment_id, parent_run_id)
-        finished = counts["completed"] + counts["pruned"] + counts["failed"]
-        if outcome == "completed" and finished < space.trials:
-            outcome = "interrupted"
-        runs.finish_sweep_run(client, parent_run_id, outcome, {
-            "trials_completed": counts["completed"], "trials_pruned": counts["pruned"],
-            "trials_failed": counts["failed"], **({"best_objective": best} if best is not None else {}),
-        })
+        trials = _tune_trials(grid, board, space.steps * len(space.task_configs()))
+        counts, best, outcome = _record_end(client, options, experiment_id, parent_run_id, trials, outcome,
+                                            space.trials)
     return SweepSummary(options.name, experiment_id, parent_run_id, options.tracking_uri,
                         exp_path, outcome, counts, best)
