@@ -38,3 +38,31 @@ def ray_address():
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tracking_stack():
+    """The deployment's tracking half, run natively once per session: a private
+    PostgreSQL 15 (databases mlflow, mlflow_auth, optuna) and `mlflow server --app-name
+    basic-auth --serve-artifacts --workers 2` on it. Starting the server costs ~20 s here,
+    so the cluster, load and outage tests share it, each in its own experiment; a test may
+    stop and restart the server (it comes back on the same port), never replace it."""
+    import shutil
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(REPO / "tests" / "cluster"))
+    import native
+
+    reason = native.stack_missing()
+    if reason:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="nsstack", dir="/tmp"))
+    stack = native.Cluster(root)
+    try:
+        stack.start_postgres()
+        stack.start_mlflow()
+        yield stack
+    finally:
+        stack.stop()
+        shutil.rmtree(root, ignore_errors=True)

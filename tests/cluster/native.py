@@ -102,6 +102,20 @@ def _proc(pid: int):
         return None
 
 
+def stack_missing() -> str | None:
+    """Why the native PostgreSQL + MLflow server stack cannot run here (None: it can)."""
+    if not (PG_BIN / "initdb").exists():
+        return f"PostgreSQL server binaries not found in {PG_BIN} (set NALU_SWEEP_PG_BIN)"
+    if os.geteuid() == 0 and not shutil.which("runuser"):
+        return "running as root without runuser (initdb refuses root)"
+    for module in ("psycopg", "flask_wtf"):
+        try:
+            __import__(module)
+        except ImportError:
+            return f"{module} is not installed (pip install -e '.[test]')"
+    return None
+
+
 @dataclass
 class Cluster:
     root: Path
@@ -110,6 +124,8 @@ class Cluster:
     mlflow_port: int = 0
     admin_password: str = ""
     ray_port: int = 0
+    mlflow_workers: int = 2
+    startup_s: float = 0.0  # how long the last `start_mlflow` took
     procs: list[subprocess.Popen] = field(default_factory=list)
     logs: dict[str, Path] = field(default_factory=dict)
     _pg_data: Path | None = None
@@ -188,10 +204,13 @@ class Cluster:
                             "-w", "stop"], capture_output=True, timeout=60)
 
     # -- MLflow server --------------------------------------------------------------------------
-    def start_mlflow(self, workers: int = 1) -> None:
-        """Start the MLflow server; called again after `stop_mlflow`, it comes back on the
-        same port with the same backend store, artifacts and users (a restart)."""
+    def start_mlflow(self) -> None:
+        """Start the MLflow server (``mlflow_workers`` gunicorn workers); called again after
+        `stop_mlflow`, it comes back on the same port with the same backend store, artifacts
+        and users (a restart)."""
         import secrets
+
+        began = time.monotonic()
 
         first = not self.admin_password
         if first:
@@ -211,11 +230,12 @@ class Cluster:
         proc = self._spawn("mlflow", [sys.executable, "-m", "mlflow", "server", "--app-name", "basic-auth",
                                "--backend-store-uri", self.db_url("mlflow"), "--serve-artifacts",
                                "--artifacts-destination", artifacts.as_uri(), "--host", "127.0.0.1",
-                               "--port", str(self.mlflow_port), "--workers", str(workers)], env)
+                               "--port", str(self.mlflow_port), "--workers", str(self.mlflow_workers)], env)
         self._mlflow_proc = proc
         url = f"{self.tracking_uri}/health"
         wait_until(lambda: urllib.request.urlopen(url, timeout=2).status == 200, 150, "mlflow server",
                    self.logs["mlflow"], proc)
+        self.startup_s = time.monotonic() - began
 
     def stop_mlflow(self) -> None:
         """Stop the MLflow server (and its workers) only; `start_mlflow` brings it back."""
@@ -249,6 +269,7 @@ class Cluster:
         head = self._spawn("ray-head", [*ray, "--head", "--node-ip-address", HEAD_IP, "--port", str(self.ray_port),
                                  "--include-dashboard", "false", "--temp-dir", str(temp),
                                  *self._ray_ports(HEAD_IP)], env)
+        self.ray_head = head
         wait_until(lambda: _connects(HEAD_IP, self.ray_port), 120, "ray head", self.logs["ray-head"], head)
         worker = self._spawn("ray-worker", [*ray, "--address", self.ray_address, "--node-ip-address", WORKER_IP,
                                    *self._ray_ports(WORKER_IP)], env)
@@ -287,9 +308,20 @@ class Cluster:
         lines = out.stdout.strip().splitlines()
         return set(lines[-1].split(",")) if out.returncode == 0 and lines else set()
 
+    def stop_ray(self) -> None:
+        """Stop the Ray nodes started here (and their process trees) only."""
+        nodes = [p for p in (getattr(self, "ray_head", None), getattr(self, "ray_worker", None)) if p is not None]
+        stop_trees(nodes, grace_s=3)
+        for p in nodes:
+            self.procs.remove(p)
+        self.ray_head = self.ray_worker = None
+        temp = getattr(self, "ray_temp", None)
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+
     # -- all ------------------------------------------------------------------------------------
     def stop(self) -> None:
-        stop_trees(self.procs)
+        stop_trees(self.procs, grace_s=3)
         self.stop_postgres()
         temp = getattr(self, "ray_temp", None)
         if temp is not None:

@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -47,27 +45,8 @@ json.dump({"run_id": trial.run_id, "logged": trial.outbox.logged_points, "sent":
 """
 
 
-@pytest.fixture(scope="module")
-def server():
-    if not (native.PG_BIN / "initdb").exists():
-        pytest.skip(f"PostgreSQL server binaries not found in {native.PG_BIN} (set NALU_SWEEP_PG_BIN)")
-    for module in ("psycopg", "flask_wtf"):
-        try:
-            __import__(module)
-        except ImportError:
-            pytest.skip(f"{module} is not installed (pip install -e '.[test]')")
-    root = Path(tempfile.mkdtemp(prefix="nsload", dir="/tmp"))
-    c = native.Cluster(root)
-    try:
-        c.start_postgres()
-        c.start_mlflow(workers=2)
-        yield c
-    finally:
-        c.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def test_eight_trials_logging_at_full_rate_lose_no_metric_point(server, tmp_path, monkeypatch):
+def test_eight_trials_logging_at_full_rate_lose_no_metric_point(tracking_stack, tmp_path, monkeypatch):
+    server = tracking_stack
     import psycopg
     from mlflow.tracking import MlflowClient
 

@@ -9,10 +9,8 @@ server's address).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -49,40 +47,19 @@ sampler: {{type: random, seed: 0}}
 """
 
 
-def _missing() -> str | None:
-    if not (native.PG_BIN / "initdb").exists():
-        return f"PostgreSQL server binaries not found in {native.PG_BIN} (set NALU_SWEEP_PG_BIN)"
-    if os.geteuid() == 0 and not shutil.which("runuser"):
-        return "running as root without runuser (initdb refuses root)"
-    if not all(map(native.loopback_alias_usable, (native.HEAD_IP, native.WORKER_IP))):
-        return "127.0.0.2 / 127.0.0.3 are not usable loopback addresses here"
-    for module in ("psycopg", "flask_wtf"):
-        try:
-            __import__(module)
-        except ImportError:
-            return f"{module} is not installed (pip install -e '.[test]')"
-    return None
-
-
 @pytest.fixture(scope="module")
-def cluster():
-    reason = _missing()
-    if reason:
-        pytest.skip(reason)
-    root = Path(tempfile.mkdtemp(prefix="nscl", dir="/tmp"))
-    c = native.Cluster(root)
+def cluster(tracking_stack):
+    """The session's PostgreSQL + MLflow server, with a two-node Ray cluster added for
+    this module (and stopped after it)."""
+    if not all(map(native.loopback_alias_usable, (native.HEAD_IP, native.WORKER_IP))):
+        pytest.skip("127.0.0.2 / 127.0.0.3 are not usable loopback addresses here")
     started = time.monotonic()
     try:
-        c.start_postgres()
-        c.start_mlflow()
-        c.start_ray()
-        print(f"cluster up: {time.monotonic() - started:.0f} s")
-        yield c
+        tracking_stack.start_ray()
+        print(f"ray cluster up: {time.monotonic() - started:.0f} s")
+        yield tracking_stack
     finally:
-        started = time.monotonic()
-        c.stop()
-        print(f"cluster down: {time.monotonic() - started:.0f} s")
-        shutil.rmtree(root, ignore_errors=True)
+        tracking_stack.stop_ray()
 
 
 @pytest.fixture(scope="module")

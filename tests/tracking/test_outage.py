@@ -5,10 +5,8 @@ for it, and every metric point and artifact the trials logged is stored, once.""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -45,37 +43,6 @@ sampler: {{type: random, seed: 0}}
 ARTIFACTS = {"seeds.csv", "weights/best_seed.json", "plots/curves.png"}
 
 
-def _missing() -> str | None:
-    if not (native.PG_BIN / "initdb").exists():
-        return f"PostgreSQL server binaries not found in {native.PG_BIN} (set NALU_SWEEP_PG_BIN)"
-    if os.geteuid() == 0 and not shutil.which("runuser"):
-        return "running as root without runuser (initdb refuses root)"
-    for module in ("psycopg", "flask_wtf"):
-        try:
-            __import__(module)
-        except ImportError:
-            return f"{module} is not installed (pip install -e '.[test]')"
-    return None
-
-
-@pytest.fixture(scope="module")
-def server():
-    reason = _missing()
-    if reason:
-        pytest.skip(reason)
-    root = Path(tempfile.mkdtemp(prefix="nsout", dir="/tmp"))
-    c = native.Cluster(root)
-    try:
-        c.start_postgres()
-        started = time.monotonic()
-        c.start_mlflow()
-        c.startup_s = time.monotonic() - started
-        yield c
-    finally:
-        c.stop()
-        shutil.rmtree(root, ignore_errors=True)
-
-
 def _files(client, run_id: str) -> set[str]:
     out, stack = set(), [None]
     while stack:
@@ -84,7 +51,8 @@ def _files(client, run_id: str) -> set[str]:
     return out
 
 
-def test_a_sweep_loses_nothing_while_the_tracking_server_is_away(server, tmp_path, monkeypatch):
+def test_a_sweep_loses_nothing_while_the_tracking_server_is_away(tracking_stack, tmp_path, monkeypatch):
+    server = tracking_stack
     from mlflow.tracking import MlflowClient
 
     for k, v in server.client_env().items():
