@@ -71,30 +71,50 @@ def _download(client: Any, run_id: str, artifact: str, tmp: str) -> Path | None:
         return None
 
 
+def _task_dirs(client: Any, run_id: str, wanted: str) -> list[str]:
+    """Where a trial's per-task artifacts are: ``[""]`` when ``wanted`` (a file or folder)
+    is at the top (one task), else the task folders that hold it (``["task/", …]``)."""
+    top = store.retry(lambda: client.list_artifacts(run_id))
+    if any(a.path == wanted for a in top):
+        return [""]
+    found = []
+    for d in sorted(a.path for a in top if a.is_dir):
+        if any(a.path == f"{d}/{wanted}" for a in store.retry(lambda: client.list_artifacts(run_id, d))):
+            found.append(f"{d}/")
+    return found
+
+
 def _seed_rows(client: Any, run_id: str) -> list[dict[str, str]]:
+    """The per-seed table of a trial (of its first task when it trained several)."""
+    dirs = _task_dirs(client, run_id, "seeds.csv")
+    if not dirs:
+        return []
     with tempfile.TemporaryDirectory() as tmp:
-        files = {a.path for a in store.retry(lambda: client.list_artifacts(run_id))}
-        name = "seeds.csv" if "seeds.csv" in files else None
-        if name is None:  # several tasks: one directory per task; read the first
-            dirs = sorted(a.path for a in store.retry(lambda: client.list_artifacts(run_id)) if a.is_dir)
-            for d in dirs:
-                if any(a.path == f"{d}/seeds.csv" for a in store.retry(lambda: client.list_artifacts(run_id, d))):
-                    name = f"{d}/seeds.csv"
-                    break
-        if name is None:
-            return []
-        path = _download(client, run_id, name, tmp)
+        path = _download(client, run_id, f"{dirs[0]}seeds.csv", tmp)
         return _read_csv(path) if path else []
 
 
-def _weights(client: Any, run_id: str, seeds_csv_dir: str = "") -> dict[str, dict[str, Any]]:
-    out = {}
+def _weights(client: Any, run_id: str) -> tuple[dict[str, dict[str, Any]], str]:
+    """The learned weights of a trial's best and failed seed, and the task they are of
+    (``""`` for a one-task trial). With several tasks, the first one that has a failed
+    seed is shown (a failure says more), else the first task."""
+    try:
+        dirs = _task_dirs(client, run_id, "weights")
+    except Exception:  # noqa: BLE001 - no artifacts at all
+        return {}, ""
+    chosen: tuple[dict[str, dict[str, Any]], str] = ({}, "")
     with tempfile.TemporaryDirectory() as tmp:
-        for role in ("best", "failed"):
-            path = _download(client, run_id, f"{seeds_csv_dir}weights/{role}_seed.json", tmp)
-            if path is not None and path.is_file():
-                out[role] = json.loads(path.read_text())
-    return out
+        for d in dirs:
+            out = {}
+            for role in ("best", "failed"):
+                path = _download(client, run_id, f"{d}weights/{role}_seed.json", tmp)
+                if path is not None and path.is_file():
+                    out[role] = json.loads(path.read_text())
+            if out and not chosen[0]:
+                chosen = (out, d.rstrip("/"))
+            if "failed" in out:
+                return out, d.rstrip("/")
+    return chosen
 
 
 def load_report_data(tracking_uri: str, name: str, top: int = 5) -> ReportData | None:
@@ -130,9 +150,10 @@ def load_report_data(tracking_uri: str, name: str, top: int = 5) -> ReportData |
         for run_id, label in ((val.run_id, "validation") if val else (None, ""), (best.run_id, "search")):
             if run_id is None:
                 continue
-            weights = _weights(client, run_id)
+            weights, task = _weights(client, run_id)
             if weights:
-                data.weights, data.weights_source = weights, f"{label} run of {best.name}"
+                data.weights = weights
+                data.weights_source = f"{label} run of {best.name}" + (f", task {task}" if task else "")
                 if "failed" in weights or label == "search":
                     break
     return data

@@ -195,6 +195,42 @@ def test_compare_two_sweeps(tmp_path):
     assert unknown.exit_code == 2 and "no sweep named 'unknown'" in unknown.output
 
 
+# -- a trial of several tasks (real training, no Ray) ---------------------------------------------------------
+def test_the_weights_panel_shows_a_trial_of_several_tasks(tmp_path, monkeypatch):
+    """Each task's artifacts are in a folder of its own: the report finds them there."""
+    from service.report.data import load_report_data
+    from service.report.panels import weights as weights_panel
+    from service.search.trial import run_trial
+
+    monkeypatch.setenv("NALU_SWEEP_SPOOL_DIR", str(tmp_path / "spool"))
+    small = {"eval_samples": 200, "threshold_samples": 10_000}
+    space = parse_space({
+        "name": "two", "steps": 200, "eval_every": 100, "seeds": 4,
+        "tasks": {"mul": {"kind": "small_mul", **small},
+                  "add": {"kind": "arithmetic", "operation": "add", "input_size": 10, **small}},
+        "fixed": {"model": {"layers": [{"unit": "nau"}, {"unit": "nmu"}]}, "device": "cpu", "compile": "off",
+                  "train": {"batch_size": 32}},
+        "params": {"lr": {"type": "loguniform", "low": 1e-2, "high": 1e-1, "target": "train.optimizer.lr"}},
+    })
+    uri = store.default_tracking_uri(tmp_path)
+    client = store.client(uri)
+    exp_id = store.ensure_experiment(client, "two", uri)
+    parent = runs.start_sweep_run(client, exp_id, "two", space_file=None, spec_json=space.spec_json(),
+                                  spec_hash=space.spec_hash(), storage_path="/nowhere", params={})
+    tracker = runs.TrialRun.open(uri, exp_id, parent, trial_key="t0", run_name="trial-0",
+                                 params={"lr": 0.05}, tags={store.TAG_SWEEP: "two"})
+    assert run_trial({"lr": 0.05}, space, lambda metrics: None, tracker).completed
+    runs.finish_sweep_run(client, parent, "completed")
+
+    data = load_report_data(uri, "two")
+    assert data is not None and len(data.view.trials) == 1
+    assert set(data.weights) >= {"best"}, "the weights of a several-task trial were not found"
+    assert data.weights_source.endswith(("task add", "task mul"))
+    assert data.seeds, "the per-seed table of a several-task trial was not found"
+    panel = weights_panel(data, {})
+    assert len(panel.figure.data) >= 2  # one heatmap per layer at least, not the empty placeholder
+
+
 # -- pieces --------------------------------------------------------------------------------------------------
 def test_fresh_seeds_are_disjoint_from_every_seed_the_search_used():
     space = load_space(SMOKE)
