@@ -14,6 +14,7 @@ from rich.table import Table
 from service.cli import app, console, fail
 from service.cli_sweep import TRACKING_HELP, _client, _print, _success, _tracking_uri
 from service.errors import UserError
+from service.names import require_sweep_name
 
 
 @app.command()
@@ -28,6 +29,7 @@ def report(
     parameter importance, success against each parameter, extrapolation MSE, solved_at,
     learned weights, and validation on fresh seeds next to search-time success."""
     try:
+        require_sweep_name(name, "NAME")
         uri = _tracking_uri(tracking_uri, must_exist=True)
         from service.report.build import build_report
 
@@ -58,6 +60,7 @@ def validate(
     on every extrapolation range of the task, as Ray tasks; each becomes a validation child
     run of the sweep's parent run. `nalu-sweep report` then shows both side by side."""
     try:
+        require_sweep_name(name, "NAME")
         from service.endpoints import check_ray_address
 
         uri = _tracking_uri(tracking_uri, must_exist=True)
@@ -87,6 +90,8 @@ def compare(
 ) -> None:
     """Two sweeps' best settings side by side (search and, when run, validation success)."""
     try:
+        require_sweep_name(name1, "NAME1")
+        require_sweep_name(name2, "NAME2")
         uri = _tracking_uri(tracking_uri, must_exist=True)
         from service.report.data import load_report_data
         from service.report.panels import short_params

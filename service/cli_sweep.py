@@ -17,6 +17,7 @@ from rich.table import Table
 
 from service.cli import app, console, fail
 from service.errors import UserError
+from service.names import require_sweep_name
 
 TRACKING_HELP = ("MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the "
                  "working directory).")
@@ -147,6 +148,8 @@ def sweep(
     Wilson interval of its success rate.
     """
     try:
+        if name is not None:
+            require_sweep_name(name, "--name")
         from service.endpoints import check_database_url, check_ray_address
 
         # servers first, before the heavy imports: Ray and MLflow would retry them for minutes
@@ -162,8 +165,7 @@ def sweep(
             cpus=cpus_per_trial, gpus=gpus_per_trial,
         )
         sweep_name = space.name if name is None else name
-        if not sweep_name or not all(c.isalnum() or c in "_-." for c in sweep_name):
-            raise UserError(f"--name {sweep_name!r}: letters, digits, '_', '-' and '.' only")
+        require_sweep_name(sweep_name, f"{space_file}: name")
         if resume and uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
             raise UserError(f"nothing to resume: no tracking store at {uri.removeprefix('sqlite:///')} "
                             "(use the same --tracking-uri as the original sweep)")
@@ -209,6 +211,8 @@ def status(
 ) -> None:
     """Trials done / running / pruned / failed and the best objective so far."""
     try:
+        if name is not None:
+            require_sweep_name(name, "NAME")
         uri = _tracking_uri(tracking_uri, must_exist=True)
         from service.tracking.queries import list_sweeps, load_sweep
 
@@ -260,6 +264,7 @@ def best(
     """The most robust settings of a sweep: parameters, success rate with its 95% CI,
     median solved_at and mean sparsity error, best first."""
     try:
+        require_sweep_name(name, "NAME")
         uri = _tracking_uri(tracking_uri, must_exist=True)
         from service.tracking.queries import list_sweeps, load_sweep
 

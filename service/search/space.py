@@ -25,12 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from service import limits
 from service.errors import UserError
+from service.names import sweep_name_problem
 from service.yamlio import load_yaml
 
 Primitive = Union[bool, int, float, str]
 DISTRIBUTIONS = ("loguniform", "uniform", "int", "categorical")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.\-]*$")
-_SWEEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _RESERVED = {
     "task": "set the task under 'task:' (or 'tasks:'), not under 'fixed:'",
     "seeds": "set 'seeds' at the top level of the search space",
@@ -291,8 +291,9 @@ class SearchSpace(_Frozen):
                 out.append((f"fixed.train.{key}", f"set '{key}' at the top level of the search space"))
         if self.eval_every > self.steps:
             out.append(("eval_every", f"must be ≤ steps ({self.steps}), got {self.eval_every}"))
-        if not _SWEEP_NAME.match(self.name):
-            out.append(("name", "letters, digits, '_', '-' and '.' only, starting with a letter or digit"))
+        name_problem = sweep_name_problem(self.name)
+        if name_problem is not None:
+            out.append(("name", name_problem))
         for name, p in self.params.items():
             out.extend(_param_problems(self, name, p))
         if self.sampler.type == "grid":
