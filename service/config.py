@@ -9,7 +9,6 @@ import math
 from typing import Any, Literal
 
 import torch
-
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from service import limits

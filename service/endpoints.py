@@ -24,6 +24,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from service.errors import UserError
+from service.formatting import redact
 
 TIMEOUT_ENV = "NALU_SWEEP_CONNECT_TIMEOUT"
 DEFAULT_TIMEOUT_S = 5.0
@@ -50,12 +51,6 @@ def connect_timeout() -> float:
     if not 0 < value <= MAX_TIMEOUT_S:
         raise UserError(f"${TIMEOUT_ENV}={raw!r}: a number of seconds, > 0 and ≤ {MAX_TIMEOUT_S:g}")
     return value
-
-
-def _redact(uri: str) -> str:
-    from service.tracking.store import redact
-
-    return redact(uri)
 
 
 def _bounded(timeout_s: float, fn: Callable[[], Any]) -> Any:
@@ -156,14 +151,14 @@ def check_tracking_uri(uri: str, flag: str = "--tracking-uri") -> None:
     scheme = uri.split("://", 1)[0].lower() if "://" in uri else ""
     base = scheme.split("+", 1)[0]
     if base not in TRACKING_SCHEMES:
-        raise UserError(f"{flag} {_redact(uri)!r}: not a tracking store MLflow can use; give an MLflow "
+        raise UserError(f"{flag} {redact(uri)!r}: not a tracking store MLflow can use; give an MLflow "
                         "server (http://host:5000), a database (sqlite:///mlflow.db, "
                         "postgresql://user@host/db), a directory, or leave it out for ./mlflow.db")
     if base in ("http", "https"):
         try:
             host, port = _host_port(uri, 443 if base == "https" else 80)
         except ValueError:
-            raise UserError(f"{flag} {_redact(uri)!r}: not a server address; write e.g. "
+            raise UserError(f"{flag} {redact(uri)!r}: not a server address; write e.g. "
                             "http://mlflow.example:5000") from None
         path = urlsplit(uri).path.rstrip("/") + "/health"
         timeout = connect_timeout()
@@ -171,7 +166,7 @@ def check_tracking_uri(uri: str, flag: str = "--tracking-uri") -> None:
             _http_answers(host, port, base == "https", path, timeout)
         except (OSError, ValueError) as e:
             raise UnreachableError(
-                f"cannot reach the MLflow tracking server at {_redact(uri)} ({_reason(e, timeout)})"
+                f"cannot reach the MLflow tracking server at {redact(uri)} ({_reason(e, timeout)})"
                 f"; start it (mlflow server --host 0.0.0.0 --port {port}), check the "
                 f"address, raise ${TIMEOUT_ENV} for a slow network, or leave out {flag} to record "
                 "into the embedded ./mlflow.db") from None
@@ -189,14 +184,14 @@ def check_database_url(url: str, flag: str = "--optuna-storage", what: str = "th
     try:
         host, port = _host_port(url, _DB_PORTS[base])
     except ValueError:
-        raise UserError(f"{flag} {_redact(url)!r}: not a database address; write e.g. "
+        raise UserError(f"{flag} {redact(url)!r}: not a database address; write e.g. "
                         f"{base}://user:password@host:{_DB_PORTS[base]}/name") from None
     timeout = connect_timeout()
     try:
         _tcp(host, port, timeout)
     except (OSError, ValueError) as e:
         raise UnreachableError(
-            f"cannot reach {what} at {_redact(url)} ({_reason(e, timeout)}); start the "
+            f"cannot reach {what} at {redact(url)} ({_reason(e, timeout)}); start the "
             f"database server, check the host, port and credentials, or leave out {flag}") from None
 
 

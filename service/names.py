@@ -20,21 +20,22 @@ _SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")
 def sweep_name_problem(name: object) -> str | None:
     """What is wrong with ``name`` as a sweep name, or ``None`` when it is a valid one."""
     if not isinstance(name, str):
-        return f"must be text, not {type(name).__name__}; {SWEEP_NAME_RULE}"
+        return f"a sweep name must be text, not {type(name).__name__}; {SWEEP_NAME_RULE}"
     if not name:
-        return f"is empty; {SWEEP_NAME_RULE}"
+        return f"an empty sweep name; {SWEEP_NAME_RULE}"
     if len(name) > MAX_SWEEP_NAME:
-        return f"is {len(name)} characters long; {SWEEP_NAME_RULE}"
+        return f"a sweep name of {len(name)} characters; {SWEEP_NAME_RULE}"
     if _SWEEP_NAME.fullmatch(name) is None:
-        return f"{name!r} is not allowed: {SWEEP_NAME_RULE}"
+        return f"not a valid sweep name: {SWEEP_NAME_RULE}"
     return None
 
 
 def require_sweep_name(name: object, where: str = "--name") -> str:
-    """``name`` if it is a valid sweep name; otherwise a ``UserError`` that says the rule."""
+    """``name`` if it is a valid sweep name; otherwise a ``UserError`` (``--name 'a b': not
+    a valid sweep name: …``) that says the rule."""
     from service.errors import UserError
 
     problem = sweep_name_problem(name)
     if problem is not None:
-        raise UserError(f"{where}: sweep name {problem}")
+        raise UserError(f"{where} {name!r}: {problem}")
     return name  # type: ignore[return-value]

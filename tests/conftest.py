@@ -26,7 +26,7 @@ def _no_mlflow_in_cwd(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def ray_address():
-    """Start Ray once (2 CPUs, no dashboard) for tests/search and tests/report; sweeps in
+    """Start Ray once (2 CPUs, no dashboard) for the sweep, cli and report tests; sweeps in
     this process reuse it and a sweep in a subprocess joins it with --address."""
     import ray
 
@@ -52,13 +52,13 @@ def tracking_stack():
     import tempfile
 
     sys.path.insert(0, str(REPO / "tests" / "cluster"))
-    import native
+    import loopback_stack
 
-    reason = native.stack_missing()
+    reason = loopback_stack.stack_missing()
     if reason:
         pytest.skip(reason)
     root = Path(tempfile.mkdtemp(prefix="nsstack", dir="/tmp"))
-    stack = native.Cluster(root)
+    stack = loopback_stack.Cluster(root)
     try:
         stack.start_postgres()
         stack.start_mlflow()

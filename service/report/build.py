@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from service.errors import UserError
-from service.report.data import ReportData, finite, load_report_data
+from service.formatting import finite
+from service.report.data import ReportData, load_report_data
 from service.report.panels import PANEL_KINDS, Panel, empty, short_params
+from service.tracking.store import Outcome
 from service.yamlio import load_mapping
 
-DEFAULT_DASHBOARD = Path(__file__).resolve().parents[2] / "dashboards" / "report.yaml"
+DEFAULT_DASHBOARD = Path(__file__).resolve().parent / "dashboard.yaml"  # package data
 ARTIFACT_DIR = "report"
 
 
@@ -85,7 +87,7 @@ def summary_lines(data: ReportData) -> list[str]:
         params = short_params(best.params, data.searched) or "(no searched parameters)"
         ranges = ", ".join(data.ranges()) or "the task's extrapolation range"
         text = f"The most robust setting found is {params} ({best.name})"
-        if best.outcome != "completed":
+        if best.outcome != Outcome.COMPLETED:
             text += ", which was pruned before the end (no trial completed)"
         text += f"; during the search it succeeded on {_rate(best.metrics)}"
         val = data.validations.get(best.run_id)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import Any
 from service.search.space import SearchSpace
 from service.tracking import store
 from service.tracking.queries import SweepView, TrialRow, load_sweep
+from service.tracking.store import Outcome
 
 
 @dataclass
@@ -120,14 +120,14 @@ def _weights(client: Any, run_id: str) -> tuple[dict[str, dict[str, Any]], str]:
 def load_report_data(tracking_uri: str, name: str, top: int = 5) -> ReportData | None:
     """The sweep ``name`` with what the panels need (``None`` when there is no such sweep)."""
     from service.errors import UserError
-    from service.search.validate import TAG_SEED_IDS, TAG_SOURCE_RUN, load_space, validation_runs
+    from service.tracking.queries import sweep_space, validation_runs
 
     client = store.client(tracking_uri)
     view = load_sweep(client, name)
     if view is None:
         return None
     try:
-        space = load_space(client, view.run_id)
+        space = sweep_space(client, view.run_id)
     except UserError:
         space = None
     data = ReportData(view=view, space=space, tracking_uri=tracking_uri)
@@ -135,12 +135,12 @@ def load_report_data(tracking_uri: str, name: str, top: int = 5) -> ReportData |
                       key=lambda r: r.info.start_time or 0):
         if run.info.status != "FINISHED":
             continue
-        source = run.data.tags.get(TAG_SOURCE_RUN, "")
+        source = run.data.tags.get(store.TAG_SOURCE_RUN, "")
         data.validations[source] = Validation(
-            run.info.run_id, run.info.run_name, source, run.data.tags.get(TAG_SEED_IDS, ""),
+            run.info.run_id, run.info.run_name, source, run.data.tags.get(store.TAG_SEED_IDS, ""),
             dict(run.data.metrics), _seed_rows(client, run.info.run_id))
     for trial in (data.ranked(top) if top > 0 else []):
-        if trial.outcome == "completed":
+        if trial.outcome == Outcome.COMPLETED:
             data.seeds[trial.run_id] = _seed_rows(client, trial.run_id)
     ranked = data.ranked(1)
     if ranked and top > 0:
@@ -159,9 +159,3 @@ def load_report_data(tracking_uri: str, name: str, top: int = 5) -> ReportData |
     return data
 
 
-def finite(value: Any) -> float | None:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None

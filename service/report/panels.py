@@ -1,5 +1,5 @@
 """The report's panel kinds. A panel kind is a function ``(data, options) -> Panel``
-registered with ``@panel_kind("name")``; `dashboards/report.yaml` says which panels a
+registered with ``@panel_kind("name")``; `service/report/dashboard.yaml` says which panels a
 report shows, in which order, with which options (metrics, how many settings).
 
 To add a panel: write a function here (or in any module imported below) that returns a
@@ -12,8 +12,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from service.metrics import wilson_interval
-from service.report.data import ReportData, finite
+from service.formatting import finite, fmt_number, fmt_param
+from service.report.data import ReportData
+from service.scoring.metrics import wilson_interval
+from service.tracking.store import Outcome
 
 PANEL_KINDS: dict[str, Callable[[ReportData, dict[str, Any]], "Panel"]] = {}
 
@@ -50,21 +52,11 @@ def empty(message: str) -> Panel:
     return Panel(fig, message)
 
 
-def _fmt(value: Any, spec: str = ".3g") -> str:
-    v = finite(value)
-    return "—" if v is None else format(v, spec)
-
-
 def short_params(params: dict[str, str], searched: list[str]) -> str:
     parts = []
     for name in searched:
         if name in params:
-            v = params[name]
-            try:
-                v = format(float(v), ".3g") if not v.isdigit() else v
-            except ValueError:
-                pass
-            parts.append(f"{name}={v}")
+            parts.append(f"{name}={fmt_param(params[name])}")
     return ", ".join(parts)
 
 
@@ -129,7 +121,7 @@ def ranking_forest(data: ReportData, options: dict[str, Any]) -> Panel:
             ci = _ci_of(v.metrics)
             vtext = (f"{int(v.metrics.get('successes', 0))}/{int(v.metrics.get('n_seeds', 0))} "
                      f"[{ci[1]:.2f}, {ci[2]:.2f}]") if ci else "—"
-        table.append([label.split()[0], t.name, t.outcome, *[_fmt(t.metrics.get(m)) for m in metrics], vtext,
+        table.append([label.split()[0], t.name, t.outcome, *[fmt_number(t.metrics.get(m)) for m in metrics], vtext,
                       short_params(t.params, data.searched)])
     return Panel(fig, "Ranked by the objective (lower end of the 95% Wilson interval). A setting is robust when "
                       "its interval is high and narrow, and the validation interval agrees.", table)
@@ -138,10 +130,14 @@ def ranking_forest(data: ReportData, options: dict[str, Any]) -> Panel:
 def _params_for_importance(data: ReportData):
     """(distributions, trials) for an in-memory Optuna study rebuilt from the sweep."""
     import optuna
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    from optuna.distributions import (
+        CategoricalDistribution,
+        FloatDistribution,
+        IntDistribution,
+    )
 
+    from service.search.assign import typed_params
     from service.search.space import CategoricalParam, IntParam, LogUniformParam
-    from service.search.validate import typed_params
 
     space = data.space
     dists = {}
@@ -157,7 +153,7 @@ def _params_for_importance(data: ReportData):
             dists[name] = FloatDistribution(p.low, p.high, step=p.step)
     trials = []
     for t in data.view.trials:
-        if t.outcome not in ("completed", "pruned") or finite(t.objective) is None:
+        if t.outcome not in (Outcome.COMPLETED, Outcome.PRUNED) or finite(t.objective) is None:
             continue
         try:
             values = typed_params(space, t.params)
@@ -253,7 +249,7 @@ def success_vs_params(data: ReportData, options: dict[str, Any]) -> Panel:
                 x=x, y=[t.metrics[metric] for t in rows], mode="markers", name=f"{key}={group}",
                 legendgroup=group, showlegend=i == 0,
                 marker={"color": palette[g % len(palette)], "size": 9,
-                        "symbol": ["circle" if t.outcome == "completed" else "x" for t in rows]},
+                        "symbol": ["circle" if t.outcome == Outcome.COMPLETED else "x" for t in rows]},
                 hovertext=[f"{t.name} ({t.outcome})" for t in rows], hoverinfo="text+x+y"), row=r, col=c)
         if p is not None and isinstance(p, LogUniformParam):
             fig.update_xaxes(type="log", row=r, col=c)

@@ -1,10 +1,8 @@
-"""Hyperparameter search: YAML search spaces, Optuna define-by-run, Ray Tune sweeps.
+"""Search spaces: the YAML schema and its checks, the assignment of searched values to run
+configs, and the Optuna define-by-run sampling of a space. Optuna only — no Ray here; the
+sweep that runs trials is `service.sweep`."""
 
-Imports stay light here (no Ray): `space`, `suggest` and `objective` work with Optuna
-alone; `tune_runner` brings in Ray when a sweep actually runs.
-"""
+from service.search.loading import load_space, parse_space
+from service.search.space import SearchSpace, SearchSpaceError
 
-from service.search.objective import objective_value
-from service.search.space import SearchSpace, SearchSpaceError, load_space, parse_space
-
-__all__ = ["SearchSpace", "SearchSpaceError", "load_space", "objective_value", "parse_space"]
+__all__ = ["SearchSpace", "SearchSpaceError", "load_space", "parse_space"]

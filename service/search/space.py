@@ -6,7 +6,7 @@ more *target paths* in the run configuration (``train.optimizer.lr``,
 ``model.layers.0.options.gate``, ``model.layers.*.init``; default: the parameter's name),
 and may be *conditional* (``when: {gate: temperature}``): it exists in a trial only when
 the parameters it depends on took one of the listed values. Optuna's define-by-run API
-(`service.search.suggest`) then suggests parameters in dependency order.
+(`service.search.sampler`) then suggests parameters in dependency order.
 
 Mistakes are reported as ``file: key: what is wrong (what is allowed)`` lines.
 """
@@ -18,15 +18,13 @@ import hashlib
 import json
 import math
 import re
-from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service import limits
 from service.errors import UserError
 from service.names import sweep_name_problem
-from service.yamlio import load_yaml
 
 Primitive = Union[bool, int, float, str]
 DISTRIBUTIONS = ("loguniform", "uniform", "int", "categorical")
@@ -221,7 +219,7 @@ class SearchSpace(_Frozen):
         """Parameter names in dependency order (a parameter after those in its ``when``);
         presets first, otherwise in file order."""
         remaining = list(self.params)
-        remaining.sort(key=lambda n: 0 if _is_preset(self.params[n]) else 1)
+        remaining.sort(key=lambda n: 0 if is_preset(self.params[n]) else 1)
         done: list[str] = []
         while remaining:
             for name in remaining:
@@ -252,6 +250,10 @@ class SearchSpace(_Frozen):
     def with_overrides(self, source: str = "command line", **overrides: Any) -> "SearchSpace":
         """A copy with the CLI's overrides (``trials``, ``seeds``, ``steps``, ``cpus``, ...)
         applied and validated again; ``None`` values are ignored."""
+        from service.search.loading import (
+            parse_space,  # the loader builds on this schema
+        )
+
         data = self.model_dump(mode="json")
         changes = {k: v for k, v in overrides.items() if v is not None}
         if not changes:
@@ -300,8 +302,6 @@ class SearchSpace(_Frozen):
             out.extend(self._grid_problems())
         if not out:
             out.extend(self._cycle_problems())
-        if not out:
-            out.extend(_config_problems(self))
         return out
 
     def _grid_problems(self) -> list[tuple[str, str]]:
@@ -338,7 +338,7 @@ class SearchSpace(_Frozen):
         return []
 
 
-def _is_preset(p: Any) -> bool:
+def is_preset(p: Any) -> bool:
     return isinstance(p, CategoricalParam) and p.is_preset
 
 
@@ -367,7 +367,7 @@ def _param_problems(space: SearchSpace, name: str, p: Any) -> list[tuple[str, st
             out.append((f"{key}.choices", "choices must be distinct"))
         if p.is_preset and p.target is not None:
             out.append((f"{key}.target", "not used when choices is a mapping label: {path: value}"))
-    for path in ([] if _is_preset(p) else p.targets(name)):
+    for path in ([] if is_preset(p) else p.targets(name)):
         problem = _path_problem(path)
         if problem:
             out.append((f"{key}.target", f"{path!r}: {problem}"))
@@ -400,317 +400,7 @@ def _path_problem(path: str) -> str | None:
     return None
 
 
-# -- mapping values onto the run configuration ------------------------------------------------------
-def set_path(data: dict[str, Any], path: str, value: Any) -> None:
-    """Set ``value`` at dotted ``path`` in nested dicts/lists; ``*`` means every list item,
-    a number a list index; missing dicts are created. Raises ``KeyError`` with the reason."""
-    parts = path.split(".")
-    _set(data, parts, value, [])
 
 
-def _set(node: Any, parts: list[str], value: Any, seen: list[str]) -> None:
-    head, rest = parts[0], parts[1:]
-    where = ".".join(seen + [head])
-    if isinstance(node, list):
-        if head == "*":
-            indices = range(len(node))
-        elif head.isdigit():
-            if int(head) >= len(node):
-                raise KeyError(f"{where}: index {head} is out of range (the list has {len(node)} items)")
-            indices = [int(head)]
-        else:
-            raise KeyError(f"{where}: {'.'.join(seen)} is a list; use an index or '*'")
-        for i in indices:
-            if rest:
-                _set(node[i], rest, value, seen + [str(i)])
-            else:
-                node[i] = copy.deepcopy(value)
-        return
-    if not isinstance(node, dict):
-        raise KeyError(f"{where}: {'.'.join(seen)} is a value, not a mapping")
-    if not rest:
-        node[head] = copy.deepcopy(value)
-        return
-    child = node.get(head)
-    if child is None:
-        child = node[head] = {}
-    _set(child, rest, value, seen + [head])
 
 
-def _touches_layers(space: SearchSpace, params: dict[str, Any]) -> bool:
-    for name, value in params.items():
-        for path, _ in space.params[name].assignments(name, value):
-            if path.startswith("model.layers."):
-                return True
-    return False
-
-
-class TargetError(KeyError):
-    """A parameter's target path does not fit the run config (e.g. a missing layer)."""
-
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(message)
-        self.param = param
-        self.message = message
-
-
-def run_config_data(space: SearchSpace, params: dict[str, Any], task_name: str) -> dict[str, Any]:
-    """The run config (plain data) of one trial on one task: fixed fields, the task, seeds,
-    steps and eval_every, then each parameter's value at its target path(s) (presets first,
-    then in dependency order). A model without fixed layers gets the task's reference
-    layers when a parameter targets ``model.layers.N``."""
-    from service.config import RunConfig
-
-    data = copy.deepcopy(space.fixed)
-    data["task"] = copy.deepcopy(space.task_configs()[task_name])
-    data["seeds"] = space.seeds
-    train = data.setdefault("train", {})
-    train["steps"] = space.steps
-    train["eval_every"] = space.eval_every
-    model = data.setdefault("model", {})
-    order = [n for n in space.order() if n in params]
-    presets = [n for n in order if _is_preset(space.params[n])]
-
-    def apply(name: str) -> None:
-        for path, value in space.params[name].assignments(name, params[name]):
-            try:
-                set_path(data, path, value)
-            except KeyError as e:
-                raise TargetError(name, str(e.args[0])) from None
-
-    if model.get("layers") is None and _touches_layers(space, params):
-        for name in presets:  # presets may set the whole layer list
-            apply(name)
-        if data["model"].get("layers") is None:
-            base = RunConfig.model_validate({"task": data["task"]})
-            data["model"]["layers"] = [layer.model_dump(mode="json") for layer in base.layers()]
-    for name in order:
-        apply(name)
-    return data
-
-
-def searched_values(space: SearchSpace, choose: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Values of the active parameters: ``choose`` where given, else each one's first sample
-    (first choice, or ``low``) — for checks and examples, not for searching."""
-    choose = choose or {}
-    values: dict[str, Any] = {}
-    for name in space.order():
-        p = space.params[name]
-        if p.active(values):
-            values[name] = choose.get(name, p.samples()[0])
-    return values
-
-
-def _config_problems(space: SearchSpace) -> list[tuple[str, str]]:
-    """Build real run configs: first the fixed part alone, then representative trials
-    (every choice of every categorical parameter, both ends of every numeric range).
-    A failing trial is blamed on the first parameter whose value makes it fail."""
-    from service.config import RunConfig
-
-    for task_name in space.task_configs():
-        try:
-            data = run_config_data(space, {}, task_name)
-            RunConfig.model_validate(data)
-        except ValidationError as e:
-            return [_locate_fixed(space, e, task_name, data)]
-    problems: dict[str, tuple[str, str]] = {}
-    base = searched_values(space)
-    cases: list[dict[str, Any]] = [base]
-    for name, p in space.params.items():
-        for sample in p.samples():
-            values = searched_values(space, {**base, name: sample})
-            if name in values:
-                cases.append(values)
-    for values in cases:
-        for task_name in space.task_configs():
-            culprit = _first_failure(space, values, task_name)
-            if culprit and culprit[0] not in problems:
-                problems[culprit[0]] = culprit[1]
-    return list(problems.values())
-
-
-def _first_failure(space: SearchSpace, values: dict[str, Any], task_name: str
-                   ) -> tuple[str, tuple[str, str]] | None:
-    from service.config import RunConfig
-
-    def check(subset: dict[str, Any]) -> Exception | None:
-        try:
-            data = run_config_data(space, subset, task_name)
-            RunConfig.model_validate(data)
-        except (ValidationError, TargetError) as e:
-            return e
-        return None
-
-    if check(values) is None:
-        return None
-    applied: dict[str, Any] = {}
-    for name in space.order():
-        if name not in values:
-            continue
-        applied[name] = values[name]
-        err = check(applied)
-        if err is None:
-            continue
-        if isinstance(err, TargetError):
-            return err.param, (f"params.{err.param}.target", err.message)
-        data = run_config_data(space, applied, task_name)
-        where, msg = _run_config_error(err, data)
-        return name, (f"params.{name}", f"{values[name]!r} gives an invalid run config: {where}: {msg}")
-    return None
-
-
-def _locate_fixed(space: SearchSpace, err: ValidationError, task_name: str,
-                  data: dict[str, Any]) -> tuple[str, str]:
-    """A failure of the fixed part: point at ``task``/``tasks.<name>`` or ``fixed.<key>``."""
-    where, msg = _run_config_error(err, data)
-    if where == "task" or where.startswith("task."):
-        key = f"tasks.{task_name}" if space.tasks is not None else "task"
-        return (key + where[len("task"):], msg)
-    return (f"fixed.{where}" if where else "fixed", msg)
-
-
-def _run_config_error(err: ValidationError, data: dict[str, Any]) -> tuple[str, str]:
-    """(dotted location, message) of the first problem, with allowed keys for unknown ones."""
-    e = err.errors(include_url=False)[0]
-    loc = [x for x in e["loc"] if not _internal(x)]
-    where = ".".join(str(x) for x in loc)
-    if e["type"] != "extra_forbidden":
-        return where, _message(e)
-    allowed, unit = _allowed_keys_at(loc[:-1], data)
-    if unit is not None:
-        return where, (f"unit {unit!r} has no option {loc[-1]!r}; its options: "
-                       f"{', '.join(allowed or []) or '(none)'}")
-    if allowed is None:
-        return where, "unknown key"
-    return where, f"unknown key; allowed: {', '.join(allowed) or '(none)'}"
-
-
-def _allowed_keys_at(loc: list[Any], data: dict[str, Any]) -> tuple[list[str] | None, str | None]:
-    """Field names of the run-config model at ``loc``; for a layer, its unit's options and
-    the unit's name (a layer's options are checked by the unit, keyed without 'options')."""
-    import typing
-
-    from pydantic import BaseModel as _Model
-
-    from service.config import LayerConfig, RunConfig
-    from service.units.registry import get_unit
-
-    model: Any = RunConfig
-    node: Any = data
-    for item in loc:
-        if isinstance(node, list) and isinstance(item, int) and item < len(node):
-            node = node[item]
-        elif isinstance(node, dict):
-            node = node.get(item)
-        if isinstance(item, int):
-            continue
-        field = model.model_fields.get(item)
-        if field is None:
-            return None, None
-        found, candidates = None, [field.annotation]
-        while candidates:
-            ann = candidates.pop()
-            if isinstance(ann, type) and issubclass(ann, _Model):
-                found = ann
-                break
-            candidates.extend(typing.get_args(ann))
-        if found is None:
-            return None, None
-        model = found
-    if model is LayerConfig and isinstance(node, dict) and "unit" in node:
-        try:
-            return sorted(get_unit(str(node["unit"])).Options.model_fields), str(node["unit"])
-        except Exception:  # noqa: BLE001 - an unknown unit is reported on its own
-            return None, None
-    return list(model.model_fields), None
-
-
-def _internal(item: Any) -> bool:
-    text = str(item)
-    return "[" in text or text.startswith("function-") or text in DISTRIBUTIONS
-
-
-def _message(e: dict[str, Any]) -> str:
-    msg = str(e["msg"]).removeprefix("Value error, ").removeprefix("Assertion failed, ")
-    if e["type"] == "extra_forbidden":
-        return "unknown key"
-    if e["type"] not in ("missing",) and "input" in e and not isinstance(e["input"], dict):
-        msg += f" (got {repr(e['input'])[:80]})"
-    return msg
-
-
-# -- loading and error messages -----------------------------------------------------------------------
-_ALLOWED_KEYS: dict[str, tuple[str, ...]] = {
-    "": tuple(SearchSpace.model_fields),
-    "scheduler": tuple(SchedulerSpec.model_fields),
-    "resources": tuple(Resources.model_fields),
-    "sampler": tuple(SamplerSpec.model_fields),
-    **{t: tuple(m.model_fields) for t, m in (
-        ("loguniform", LogUniformParam), ("uniform", UniformParam), ("int", IntParam),
-        ("categorical", CategoricalParam))},
-}
-
-
-def _describe(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str]]:
-    out: list[tuple[str, str]] = []
-    for e in err.errors(include_url=False):
-        loc = list(e["loc"])
-        if e["type"] == "extra_forbidden":
-            parent, key = loc[:-1], loc[-1]
-            kind = ""
-            if len(parent) >= 2 and parent[0] == "params":
-                kind = parent[2] if len(parent) > 2 else str((data.get("params") or {}).get(parent[1], {}).get("type", ""))
-                parent = parent[:2]
-            else:
-                kind = ".".join(map(str, parent))
-            allowed = ", ".join(_ALLOWED_KEYS.get(kind, ()))
-            where = ".".join(str(x) for x in parent + [key])
-            out.append((where, f"unknown key{'; allowed: ' + allowed if allowed else ''}"))
-            continue
-        if e["type"] in ("union_tag_invalid", "union_tag_not_found"):
-            where = ".".join(str(x) for x in loc)
-            got = e.get("ctx", {}).get("tag")
-            what = f"unknown distribution {got!r}" if got is not None else "missing 'type'"
-            out.append((f"{where}.type", f"{what}; allowed: {', '.join(DISTRIBUTIONS)}"))
-            continue
-        where = ".".join(str(x) for x in loc if not _internal(x))
-        msg = _message(e)
-        if len(loc) > 2 and loc[0] == "params" and "choices" in loc:
-            where = ".".join(str(x) for x in loc[:loc.index("choices") + 1] if not _internal(x))
-            msg = ("choices must be a list of plain values (text, numbers, true/false), or a "
-                   "mapping label: {path: value, ...}")
-            if e["type"] == "too_short":
-                msg = "needs at least one choice"
-        if e["type"] == "greater_than" and where.endswith(".low") and "loguniform" in map(str, loc):
-            msg = "must be > 0 for a loguniform distribution" + msg[msg.find(" (got"):] if "(got" in msg else msg
-        out.append((where or "(top level)", msg))
-    # one message per key: the first one is the most specific
-    seen: dict[str, str] = {}
-    for where, msg in out:
-        seen.setdefault(where, msg)
-    return list(seen.items())
-
-
-def parse_space(data: Any, source: str = "search space") -> SearchSpace:
-    """Validate plain data; raises `SearchSpaceError` listing every ``source: key: problem``."""
-    if not isinstance(data, dict):
-        raise SearchSpaceError(f"{source}: the top level must be a mapping (key: value), "
-                               f"not {type(data).__name__}")
-    try:
-        space = SearchSpace.model_validate(data)
-    except ValidationError as e:
-        lines = [f"{source}: {where}: {msg}" for where, msg in _describe(e, data)]
-        raise SearchSpaceError("\n".join(lines)) from None
-    problems = space.problems()
-    if problems:
-        raise SearchSpaceError("\n".join(f"{source}: {where}: {msg}" for where, msg in problems))
-    return space
-
-
-def load_space(path: str | Path) -> SearchSpace:
-    """Read and validate a search space YAML file (`service.yamlio`: safe and bounded)."""
-    path = Path(path)
-    data = load_yaml(path, SearchSpaceError)
-    if data is None:
-        raise SearchSpaceError(f"{path}: the file is empty")
-    return parse_space(data, source=str(path))

@@ -9,7 +9,11 @@ from pydantic import Field, model_validator
 
 from service.tasks.base import THRESHOLD_EPSILON, Task
 from service.tasks.operations import (
-    Operation, apply_binary, check_operation_ranges, single_unit_error, single_unit_weights,
+    Operation,
+    apply_binary,
+    check_operation_ranges,
+    single_unit_error,
+    single_unit_weights,
     unit_for_operation,
 )
 

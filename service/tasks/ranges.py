@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from service import rng
 
+
 def _number(value: Any) -> bool:
     """A real number that fits a float (``True`` is not a number here)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import tempfile
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from service.search.objective import OBJECTIVE
+from service.errors import UserError
+from service.scoring.objective import OBJECTIVE
 from service.tracking import runs, store
+from service.tracking.store import Outcome
+
+if TYPE_CHECKING:
+    from service.search.space import SearchSpace
 
 
 @dataclass
@@ -47,17 +55,17 @@ class SweepView:
         return int(value) if value and value.isdigit() else None
 
     def counts(self) -> dict[str, int]:
-        out = {"completed": 0, "pruned": 0, "failed": 0, "running": 0, "interrupted": 0}
+        out = Outcome.counts()
         for t in self.trials:
-            key = "running" if t.status == "RUNNING" else (t.outcome or "running")
+            key = Outcome.RUNNING if t.status == "RUNNING" else (t.outcome or Outcome.RUNNING)
             out[key] = out.get(key, 0) + 1
         return out
 
     def ranked(self, include_pruned: bool = False) -> list[TrialRow]:
         """Finished trials by objective, best first (pruned ones only if asked)."""
-        keep = ("completed", "pruned") if include_pruned else ("completed",)
+        keep = (Outcome.COMPLETED, Outcome.PRUNED) if include_pruned else (Outcome.COMPLETED,)
         rows = [t for t in self.trials if t.outcome in keep and t.objective is not None]
-        return sorted(rows, key=lambda t: (t.objective, t.outcome == "completed"), reverse=True)
+        return sorted(rows, key=lambda t: (t.objective, t.outcome == Outcome.COMPLETED), reverse=True)
 
 
 def _trial_row(run: Any) -> TrialRow:
@@ -100,3 +108,23 @@ def list_sweeps(client: Any) -> list[SweepView]:
         if parent is not None:
             views.append(_view(client, exp.experiment_id, parent, with_trials=True))
     return sorted(views, key=lambda v: v.start_time or 0, reverse=True)
+
+
+def validation_runs(client: Any, experiment_id: str, parent_run_id: str) -> list[Any]:
+    """The validation child runs of a sweep's parent run (``nalu-sweep validate``)."""
+    return runs.all_runs(client, [experiment_id],
+                         f"tags.`{store.TAG_PARENT}` = {runs.quote(parent_run_id)} AND "
+                         f"tags.`{store.TAG_ROLE}` = '{store.ROLE_VALIDATION}'")
+
+
+def sweep_space(client: Any, parent_run_id: str) -> "SearchSpace":
+    """The resolved search space the sweep ran with (an artifact of its parent run)."""
+    from service.search.loading import parse_space
+
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            path = store.retry(lambda: client.download_artifacts(parent_run_id, store.SPEC_ARTIFACT, tmp))
+        except Exception as e:  # noqa: BLE001
+            raise UserError(f"the sweep's parent run has no {store.SPEC_ARTIFACT} ({e})") from None
+        data = json.loads(Path(path).read_text())
+    return parse_space(data, source="the sweep's resolved spec")

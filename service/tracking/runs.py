@@ -17,21 +17,33 @@ from typing import Any
 
 from service.tracking import store
 from service.tracking.store import (
-    TAG_ATTEMPTS, TAG_GIT_COMMIT, TAG_MLFLOW_GIT, TAG_OUTCOME, TAG_PARENT, TAG_ROLE,
-    TAG_METRIC_POINTS, TAG_SPACE_FILE, TAG_SPACE_HASH, TAG_STORAGE, TAG_SWEEP, TAG_TRIAL_KEY, retry,
+    TAG_ATTEMPTS,
+    TAG_GIT_COMMIT,
+    TAG_METRIC_POINTS,
+    TAG_MLFLOW_GIT,
+    TAG_OUTCOME,
+    TAG_PARENT,
+    TAG_ROLE,
+    TAG_SPACE_FILE,
+    TAG_SPACE_HASH,
+    TAG_STORAGE,
+    TAG_SWEEP,
+    TAG_TRIAL_KEY,
+    Outcome,
+    retry,
 )
 
 MAX_PARAM_LENGTH = 6000
 FINAL_STATUS = {
-    "completed": "FINISHED", "pruned": "FINISHED", "failed": "FAILED", "interrupted": "KILLED",
+    Outcome.COMPLETED: "FINISHED", Outcome.PRUNED: "FINISHED", Outcome.FAILED: "FAILED", Outcome.INTERRUPTED: "KILLED",
 }
 
 
-def _quote(value: str) -> str:
+def quote(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _all_runs(client: Any, experiment_ids: list[str], filter_string: str) -> list[Any]:
+def all_runs(client: Any, experiment_ids: list[str], filter_string: str) -> list[Any]:
     """Every matching run (all pages)."""
     runs: list[Any] = []
     token = None
@@ -47,8 +59,8 @@ def _all_runs(client: Any, experiment_ids: list[str], filter_string: str) -> lis
 # -- the parent (sweep) run: created and closed by the driver ------------------------------------------
 def find_sweep_run(client: Any, experiment_id: str, sweep: str) -> Any | None:
     """The most recent parent run of ``sweep`` in the experiment, or ``None``."""
-    runs = _all_runs(client, [experiment_id],
-                     f"tags.`{TAG_ROLE}` = 'sweep' AND tags.`{TAG_SWEEP}` = {_quote(sweep)}")
+    runs = all_runs(client, [experiment_id],
+                     f"tags.`{TAG_ROLE}` = 'sweep' AND tags.`{TAG_SWEEP}` = {quote(sweep)}")
     runs.sort(key=lambda r: r.info.start_time or 0, reverse=True)
     return runs[0] if runs else None
 
@@ -60,7 +72,7 @@ def start_sweep_run(client: Any, experiment_id: str, sweep: str, *, space_file: 
     commit = store.git_commit()
     tags = {
         TAG_ROLE: "sweep", TAG_SWEEP: sweep, TAG_SPACE_HASH: spec_hash, TAG_GIT_COMMIT: commit,
-        TAG_STORAGE: storage_path, TAG_OUTCOME: "running",
+        TAG_STORAGE: storage_path, TAG_OUTCOME: Outcome.RUNNING,
         "mlflow.note.content": f"nalu-sweep {sweep}: one child run per trial",
     }
     if commit != "unknown":
@@ -81,7 +93,7 @@ def start_sweep_run(client: Any, experiment_id: str, sweep: str, *, space_file: 
 
 def reopen_sweep_run(client: Any, run_id: str) -> None:
     retry(lambda: client.update_run(run_id, status="RUNNING"))
-    retry(lambda: client.set_tag(run_id, TAG_OUTCOME, "running"))
+    retry(lambda: client.set_tag(run_id, TAG_OUTCOME, Outcome.RUNNING))
 
 
 def close_stale_trial_runs(client: Any, experiment_id: str, parent_run_id: str) -> list[str]:
@@ -90,7 +102,7 @@ def close_stale_trial_runs(client: Any, experiment_id: str, parent_run_id: str) 
     closed = []
     for run in trial_runs(client, experiment_id, parent_run_id):
         if run.info.status in ("RUNNING", "SCHEDULED"):
-            retry(lambda: client.set_tag(run.info.run_id, TAG_OUTCOME, "interrupted"))
+            retry(lambda: client.set_tag(run.info.run_id, TAG_OUTCOME, Outcome.INTERRUPTED))
             retry(lambda: client.set_terminated(run.info.run_id, status="KILLED"))
             closed.append(run.info.run_id)
     return closed
@@ -127,8 +139,8 @@ def finish_sweep_run(client: Any, run_id: str, outcome: str, metrics: dict[str, 
 
 def trial_runs(client: Any, experiment_id: str, parent_run_id: str) -> list[Any]:
     """Every child run of the parent."""
-    return _all_runs(client, [experiment_id],
-                     f"tags.`{TAG_PARENT}` = {_quote(parent_run_id)} AND tags.`{TAG_ROLE}` = 'trial'")
+    return all_runs(client, [experiment_id],
+                     f"tags.`{TAG_PARENT}` = {quote(parent_run_id)} AND tags.`{TAG_ROLE}` = 'trial'")
 
 
 def log_params(client: Any, run_id: str, params: dict[str, Any]) -> None:
@@ -176,9 +188,9 @@ class TrialRun:
         def find_or_create() -> tuple[str, int | None, int | None]:
             """(run id, last logged step, attempt) — looked up again on every try, so a
             create whose answer was lost is found instead of created twice."""
-            existing = _all_runs(client, [experiment_id],
-                                 f"tags.`{TAG_PARENT}` = {_quote(parent_run_id)} AND "
-                                 f"tags.`{TAG_TRIAL_KEY}` = {_quote(trial_key)}")
+            existing = all_runs(client, [experiment_id],
+                                 f"tags.`{TAG_PARENT}` = {quote(parent_run_id)} AND "
+                                 f"tags.`{TAG_TRIAL_KEY}` = {quote(trial_key)}")
             if existing:
                 run = max(existing, key=lambda r: r.info.start_time or 0)
                 history = client.get_metric_history(run.info.run_id, "objective")
@@ -186,7 +198,7 @@ class TrialRun:
                 client.update_run(run.info.run_id, status="RUNNING")
                 return run.info.run_id, last, int(run.data.tags.get(TAG_ATTEMPTS, "1")) + 1
             all_tags = {TAG_PARENT: parent_run_id, TAG_ROLE: "trial", TAG_TRIAL_KEY: trial_key,
-                        TAG_ATTEMPTS: "1", TAG_OUTCOME: "running", **(tags or {})}
+                        TAG_ATTEMPTS: "1", TAG_OUTCOME: Outcome.RUNNING, **(tags or {})}
             run = client.create_run(experiment_id, tags=all_tags, run_name=run_name)
             return run.info.run_id, None, None
 
@@ -194,7 +206,7 @@ class TrialRun:
         trial = cls(client, run_id, last, tracking_uri)
         if attempts is not None:
             # the caller's tags describe this attempt (a retry may run on another node)
-            trial.outbox.set_tags({**(tags or {}), TAG_ATTEMPTS: str(attempts), TAG_OUTCOME: "running"})
+            trial.outbox.set_tags({**(tags or {}), TAG_ATTEMPTS: str(attempts), TAG_OUTCOME: Outcome.RUNNING})
         else:
             trial.outbox.log_params({str(k): str(v)[:MAX_PARAM_LENGTH] for k, v in params.items()})
         return trial

@@ -12,10 +12,30 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
+
+
+class Outcome(str, Enum):
+    """How a sweep or trial run ended (the value of `TAG_OUTCOME`); equal to its string."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    PRUNED = "pruned"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def counts(cls) -> dict[str, int]:
+        """``{outcome: 0}`` for every outcome: the start of a tally."""
+        return {o.value: 0 for o in cls}
+
 
 TAG_SWEEP = "nalu_sweep.sweep"
 TAG_ROLE = "nalu_sweep.role"  # "sweep" (parent) or "trial" (child)
@@ -32,6 +52,11 @@ TAG_MLFLOW_GIT = "mlflow.source.git.commit"
 TAG_NODE = "nalu_sweep.node_ip"  # the Ray node a trial ran on
 TAG_RESUMED_FROM = "nalu_sweep.resumed_from_step"  # a retried/resumed trial's checkpoint step
 TAG_PARAMS_SHA256 = "nalu_sweep.params_sha256"  # digest of a completed trial's final parameters
+TAG_SOURCE_RUN = "nalu_sweep.validates_run"  # a validation run: the trial run it re-trains
+TAG_SEED_IDS = "nalu_sweep.seed_ids"  # a validation run: its fresh seed ids, "first-last"
+TAG_BATCH = "nalu_sweep.validation_batch"  # validation runs made by one `validate` call
+ROLE_SWEEP, ROLE_TRIAL, ROLE_VALIDATION = "sweep", "trial", "validation"  # values of TAG_ROLE
+SPEC_ARTIFACT = "search_space/resolved_spec.json"  # the parent run's resolved search space
 TAG_METRIC_POINTS = "nalu_sweep.metric_points"  # metric points a trial attempt logged (sent or spooled)
 
 # An MLflow server with basic auth: the client reads these (Ray workers need them too).
@@ -63,13 +88,6 @@ def credential_env() -> dict[str, str]:
     """The MLflow client's credential variables that are set here (forwarded to Ray workers
     of a remote cluster, which do not inherit the driver's environment)."""
     return {k: os.environ[k] for k in CREDENTIAL_VARS if os.environ.get(k)}
-
-
-def redact(uri: str) -> str:
-    """``scheme://user:***@host/db``: a URI fit for messages and logs."""
-    import re
-
-    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", uri)
 
 
 def artifact_root(tracking_uri: str) -> str | None:

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from service.config import RunConfig
 from service.errors import UserError
-from service.metrics import AggregateMetrics, EvalHistory, SeedMetrics
+from service.scoring.metrics import AggregateMetrics, EvalHistory, SeedMetrics
 from service.training.result import RunResult
 
 FORMAT = 1

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from service.config import RunConfig
-from service.metrics import AggregateMetrics, EvalHistory, SeedMetrics
+from service.scoring.metrics import AggregateMetrics, EvalHistory, SeedMetrics
 
 
 def _finite_or_none(a: np.ndarray) -> list:

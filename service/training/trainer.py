@@ -27,12 +27,16 @@ from torch import Tensor
 
 from service import native, rng
 from service.config import RunConfig
-from service.metrics import EvalHistory, aggregate, per_seed_metrics
-from service.model import BatchedModel, build_model
+from service.scoring.metrics import EvalHistory, aggregate, per_seed_metrics
 from service.seeding import generator_for, stream_keys
 from service.training.checkpoint import (
-    CheckpointError, TrainerCheckpoint, config_fingerprint, cpu_copy, params_sha256,
+    CheckpointError,
+    TrainerCheckpoint,
+    config_fingerprint,
+    cpu_copy,
+    params_sha256,
 )
+from service.training.model import BatchedModel, build_model
 from service.training.optimizers import BatchedOptimizer
 from service.training.result import RunResult
 from service.units.base import ForwardContext

@@ -32,9 +32,18 @@ from torch import Tensor
 from service import rng
 from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
 from service.units.linear import linear_forward, xavier_uniform_
-from service.units.nac import nac_init_range, nac_mul_forward, nac_weight, saturated_nac_params
+from service.units.nac import (
+    nac_init_range,
+    nac_mul_forward,
+    nac_weight,
+    saturated_nac_params,
+)
 from service.units.nmu import (
-    check_selection_weights, nmu_forward, nmu_init_, nmu_oob_penalty, nmu_regularizer,
+    check_selection_weights,
+    nmu_forward,
+    nmu_init_,
+    nmu_oob_penalty,
+    nmu_regularizer,
 )
 from service.units.registry import register
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from service.units.base import Unit
 
@@ -49,5 +49,3 @@ def build_unit(name: str, in_features: int, out_features: int, num_seeds: int,
 def _load_builtin_units() -> None:
     import service.units  # noqa: F401  (importing the package registers every unit)
 
-
-UnitFactory = Callable[..., Unit]

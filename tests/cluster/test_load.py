@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import native  # noqa: E402
+import loopback_stack  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -65,14 +65,14 @@ def test_eight_trials_logging_at_full_rate_lose_no_metric_point(tracking_stack, 
     try:
         logs = [p.communicate(timeout=SECONDS + 240)[0] for p in procs]
     finally:
-        native.stop_trees([p for p in procs if p.poll() is None])
+        loopback_stack.stop_trees([p for p in procs if p.poll() is None])
     for p, log in zip(procs, logs):
         assert p.returncode == 0, log[-3000:]
     results = [json.loads(out.read_text()) for out in outs]
     run_ids = [r["run_id"] for r in results]
     logged = sum(r["logged"] for r in results)
     acknowledged = sum(r["sent"] for r in results)
-    with psycopg.connect(host="127.0.0.1", port=server.pg_port, user=native.DB_USER,
+    with psycopg.connect(host="127.0.0.1", port=server.pg_port, user=loopback_stack.DB_USER,
                          password=server.pg_password, dbname="mlflow") as conn:
         stored, distinct = conn.execute(
             "SELECT count(*), count(DISTINCT (run_uuid, key, step)) FROM metrics WHERE run_uuid = ANY(%s)",

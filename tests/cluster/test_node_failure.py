@@ -1,5 +1,5 @@
 """A worker node dies mid-sweep: on the two-node loopback Ray cluster (tests/cluster/
-native.py; MLflow in a SQLite file, which both nodes share on this machine), the worker
+loopback_stack.py; MLflow in a SQLite file, which both nodes share on this machine), the worker
 node's raylet is SIGKILLed while a trial trains there. Ray declares the node dead, Tune
 retries the trial (``retries`` → ``FailureConfig.max_failures``) on the surviving node
 from its latest checkpoint, and the sweep completes with every trial exactly once in MLflow,
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import native  # noqa: E402
+import loopback_stack  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -28,27 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 SWEEP = "node-failure"
 EVAL_EVERY = 500
 STEPS = 3000
-SPACE = f"""
-name: {SWEEP}
-task: {{kind: small_mul, eval_samples: 200, threshold_samples: 1000}}
-fixed:
-  model: {{layers: [{{unit: nau}}, {{unit: nmu}}]}}
-  train: {{batch_size: 32}}
-  device: cpu
-  compile: "off"
-params:
-  lr: {{type: loguniform, low: 1.0e-2, high: 0.3, target: train.optimizer.lr}}
-seeds: 2
-steps: {STEPS}
-eval_every: {EVAL_EVERY}
-checkpoint_every: 1
-trials: 2
-concurrency: 2
-scheduler: none
-resources: {{cpus: 1, gpus: 0}}
-retries: 2
-sampler: {{type: random, seed: 0}}
-"""
+SPACE = loopback_stack.small_mul_space(SWEEP, seeds=2, steps=STEPS, eval_every=EVAL_EVERY, trials=2,
+                                       retries=2, checkpoint_every=1)
 # the GCS declares a node dead after 3 missed 500 ms health checks (default: ~30 s)
 FAST_NODE_DEATH = {"RAY_health_check_initial_delay_ms": "1000", "RAY_health_check_period_ms": "500",
                    "RAY_health_check_timeout_ms": "500", "RAY_health_check_failure_threshold": "3"}
@@ -56,10 +37,10 @@ FAST_NODE_DEATH = {"RAY_health_check_initial_delay_ms": "1000", "RAY_health_chec
 
 @pytest.fixture
 def cluster():
-    if not all(map(native.loopback_alias_usable, (native.HEAD_IP, native.WORKER_IP))):
+    if not all(map(loopback_stack.loopback_alias_usable, (loopback_stack.HEAD_IP, loopback_stack.WORKER_IP))):
         pytest.skip("127.0.0.2 / 127.0.0.3 are not usable loopback addresses here")
     root = Path(tempfile.mkdtemp(prefix="nsnf", dir="/tmp"))
-    c = native.Cluster(root)
+    c = loopback_stack.Cluster(root)
     try:
         c.start_ray(env=FAST_NODE_DEATH)
         yield c
@@ -77,7 +58,7 @@ def _trial_training_on_worker(db: Path) -> str | None:
                 "SELECT k.value FROM tags n JOIN tags k ON k.run_uuid = n.run_uuid AND k.key = ? "
                 "WHERE n.key = ? AND n.value = ? AND EXISTS (SELECT 1 FROM metrics m WHERE "
                 "m.run_uuid = n.run_uuid AND m.key = 'objective' AND m.step >= ?)",
-                ("nalu_sweep.trial_key", "nalu_sweep.node_ip", native.WORKER_IP, 2 * EVAL_EVERY)).fetchone()
+                ("nalu_sweep.trial_key", "nalu_sweep.node_ip", loopback_stack.WORKER_IP, 2 * EVAL_EVERY)).fetchone()
     except sqlite3.Error:
         return None
     return row[0] if row else None
@@ -132,7 +113,7 @@ def test_a_sweep_survives_the_loss_of_a_worker_node(cluster, tmp_path):
     (retried,) = [c for c in children if c.data.tags[store.TAG_TRIAL_KEY] == lost]
     tags = retried.data.tags
     assert int(tags[store.TAG_ATTEMPTS]) >= 2, tags  # FailureConfig retried it
-    assert tags[store.TAG_NODE] == native.HEAD_IP  # ... on the node that is left
+    assert tags[store.TAG_NODE] == loopback_stack.HEAD_IP  # ... on the node that is left
     assert int(tags[store.TAG_RESUMED_FROM]) >= EVAL_EVERY  # ... from its checkpoint
     steps = [m.step for m in client.get_metric_history(retried.info.run_id, "objective")]
     assert steps == sorted(set(steps)) and steps[-1] == STEPS  # one series, no step twice

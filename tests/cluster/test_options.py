@@ -6,14 +6,16 @@ from __future__ import annotations
 import pytest
 
 from service.errors import UserError
-from service.search.tune_runner import SweepOptions, _check_study, optuna_storage
+from service.formatting import redact
+from service.sweep.driver import SweepOptions
+from service.sweep.searcher import check_study, optuna_storage
 from service.tracking import store
 
 
 def test_redact_hides_passwords_in_uris():
-    assert store.redact("postgresql+psycopg://nalu:s3cret@db:5432/optuna") == "postgresql+psycopg://nalu:***@db:5432/optuna"
-    assert store.redact("http://mlflow:5000") == "http://mlflow:5000"
-    assert store.redact("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+    assert redact("postgresql+psycopg://nalu:s3cret@db:5432/optuna") == "postgresql+psycopg://nalu:***@db:5432/optuna"
+    assert redact("http://mlflow:5000") == "http://mlflow:5000"
+    assert redact("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
 
 
 def test_credentials_are_forwarded_only_when_set(monkeypatch):
@@ -32,17 +34,17 @@ def test_a_taken_study_name_is_refused_unless_resuming(tmp_path):
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     options = SweepOptions(name="s1", tracking_uri="sqlite:///x.db", storage_path=str(tmp_path),
                            optuna_storage=url)
-    _check_study(options)  # free: fine
+    check_study(options)  # free: fine
     optuna.create_study(study_name="s1", storage=optuna_storage(url))
     with pytest.raises(UserError, match="an Optuna study named 's1' already exists"):
-        _check_study(options)
-    _check_study(SweepOptions(**{**options.__dict__, "resume": True}))
+        check_study(options)
+    check_study(SweepOptions(**{**options.__dict__, "resume": True}))
 
 
 def test_an_unreachable_study_database_is_a_clear_error():
     url = "postgresql+psycopg://u:topsecret@127.0.0.1:1/optuna"
     with pytest.raises(UserError) as err:
-        _check_study(SweepOptions(name="s", tracking_uri="sqlite:///x.db", storage_path="/tmp", optuna_storage=url))
+        check_study(SweepOptions(name="s", tracking_uri="sqlite:///x.db", storage_path="/tmp", optuna_storage=url))
     assert "cannot use the Optuna storage" in str(err.value) and "topsecret" not in str(err.value)
 
 
@@ -52,7 +54,7 @@ def test_the_cli_passes_the_study_storage(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
     from service.cli import app
-    from service.search import tune_runner
+    from service.sweep import driver
 
     seen = {}
 
@@ -60,7 +62,7 @@ def test_the_cli_passes_the_study_storage(monkeypatch, tmp_path):
         seen["options"] = options
         raise UserError("stop here")
 
-    monkeypatch.setattr(tune_runner, "run_sweep", fake_run)
+    monkeypatch.setattr(driver, "run_sweep", fake_run)
     smoke = Path(__file__).resolve().parents[2] / "search_spaces" / "smoke.yaml"
     result = CliRunner().invoke(app, ["sweep", str(smoke), "--optuna-storage", "sqlite:///o.db"])
     assert result.exit_code == 2 and "stop here" in result.output

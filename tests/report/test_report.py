@@ -17,11 +17,16 @@ from typer.testing import CliRunner
 from service.cli import app
 from service.errors import UserError
 from service.report.build import build_report, load_dashboard
-from service.search.space import load_space, parse_space
-from service.search.validate import (
-    ROLE_VALIDATION, TAG_SEED_IDS, fresh_offset, parse_ranges, used_seed_ids, validate_sweep, validation_runs,
+from service.search.loading import load_space, parse_space
+from service.sweep.validation import (
+    fresh_offset,
+    parse_ranges,
+    used_seed_ids,
+    validate_sweep,
 )
 from service.tracking import runs, store
+from service.tracking.queries import validation_runs
+from service.tracking.store import ROLE_VALIDATION, TAG_SEED_IDS
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -66,7 +71,7 @@ def check_page(page: dict, n_panels: int) -> None:
 # -- a real tiny sweep, shared by the slow tests -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def sweep(ray_address, tmp_path_factory):
-    from service.search.tune_runner import SweepOptions, run_sweep
+    from service.sweep.driver import SweepOptions, run_sweep
 
     root = tmp_path_factory.mktemp("report-sweep")
     uri = store.default_tracking_uri(root)
@@ -200,7 +205,7 @@ def test_the_weights_panel_shows_a_trial_of_several_tasks(tmp_path, monkeypatch)
     """Each task's artifacts are in a folder of its own: the report finds them there."""
     from service.report.data import load_report_data
     from service.report.panels import weights as weights_panel
-    from service.search.trial import run_trial
+    from service.sweep.trial import run_trial
 
     monkeypatch.setenv("NALU_SWEEP_SPOOL_DIR", str(tmp_path / "spool"))
     small = {"eval_samples": 200, "threshold_samples": 10_000}

@@ -26,8 +26,9 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from service.cli import app
-from service.search import tune_runner
-from service.search.space import SearchSpace, SearchSpaceError, load_space
+from service.search.loading import load_space
+from service.search.space import SearchSpace, SearchSpaceError
+from service.sweep import driver
 
 REPO = Path(__file__).resolve().parents[2]
 SPACES = sorted((REPO / "search_spaces").glob("*.yaml"))
@@ -228,7 +229,7 @@ def _assert_clean_failure(result, cwd: Path, before: set[str], args: list[str]) 
 
 
 def test_the_cli_rejects_invalid_space_files(tmp_path, monkeypatch):
-    monkeypatch.setattr(tune_runner, "run_sweep", _stub_sweep)
+    monkeypatch.setattr(driver, "run_sweep", _stub_sweep)
     path = tmp_path / "space.yaml"
     runner = CliRunner()
 
@@ -305,9 +306,9 @@ def flag_sets(draw) -> list[str]:
 
 
 def test_the_cli_rejects_invalid_flags(tmp_path, monkeypatch):
-    monkeypatch.setattr(tune_runner, "run_sweep", _stub_sweep)
+    monkeypatch.setattr(driver, "run_sweep", _stub_sweep)
     monkeypatch.setenv("NALU_SWEEP_CONNECT_TIMEOUT", "2")
-    import service.report_console as report_console
+    import service.cli.run as report_console
 
     def no_training(config, console, quiet=False):
         raise AssertionError(f"an invalid input reached training: {config}")

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.search.space import SearchSpaceError, load_space, parse_space
+from service.search.loading import load_space, parse_space
+from service.search.space import SearchSpaceError
 
 SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 SHIPPED = sorted(SPACES.glob("*.yaml"))
@@ -108,7 +109,7 @@ MISTAKES = [
     ("zero-seeds", _set("seeds", 0), "seeds: Input should be greater than or equal to 1"),
     ("no-steps", _drop("steps"), "steps: Field required"),
     ("grid-with-numbers", _set("sampler", "grid"), "params.lr: the grid sampler needs categorical parameters"),
-    ("bad-name", _set("name", "my sweep!"), "name: letters, digits"),
+    ("bad-name", _set("name", "my sweep!"), "name: not a valid sweep name: ASCII letters, digits"),
     ("cycle", lambda d: (d["params"]["momentum"].update(when={"lambda_max": 0.1}),
                          d["params"]["lambda_max"].update(when={"momentum": 0.5})),
      "conditions form a cycle: "),

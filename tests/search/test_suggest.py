@@ -10,8 +10,9 @@ import optuna
 import pytest
 
 from service.config import RunConfig
-from service.search.space import load_space, parse_space
-from service.search.suggest import DefineByRun, run_configs, suggest, suggest_params
+from service.search.assign import run_configs
+from service.search.loading import load_space, parse_space
+from service.search.sampler import DefineByRun, suggest_params
 
 SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -118,7 +119,7 @@ def test_every_suggestion_of_a_shipped_space_is_a_valid_run_config(path):
     study = optuna.create_study(direction="maximize", sampler=sampler)
     for _ in range(25):
         trial = study.ask()
-        config = suggest(trial, space)
+        config = next(iter(run_configs(space, suggest_params(trial, space)).values()))
         assert isinstance(config, RunConfig)
         assert config.seeds == space.seeds and config.train.steps == space.steps
         study.tell(trial, 0.0)

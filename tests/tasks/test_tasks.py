@@ -12,8 +12,17 @@ import torch
 from pydantic import ValidationError
 
 from service.tasks import (
-    TASKS, ArithmeticTask, IdentityTask, ManyOperandsTask, OperationOnlyTask, SingleUnitTask,
-    SmallMulTask, SubsetOnlyTask, Task, parse_task, task_kinds,
+    TASKS,
+    ArithmeticTask,
+    IdentityTask,
+    ManyOperandsTask,
+    OperationOnlyTask,
+    SingleUnitTask,
+    SmallMulTask,
+    SubsetOnlyTask,
+    Task,
+    parse_task,
+    task_kinds,
 )
 from service.tasks.operations import perturb
 

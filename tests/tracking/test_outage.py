@@ -13,33 +13,14 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cluster"))
-import native  # noqa: E402
+import loopback_stack  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SWEEP = "outage"
 TRIALS = 3
 OUTAGE_S = 30
-SPACE = f"""
-name: {SWEEP}
-task: {{kind: small_mul, eval_samples: 200, threshold_samples: 1000}}
-fixed:
-  model: {{layers: [{{unit: nau}}, {{unit: nmu}}]}}
-  train: {{batch_size: 32}}
-  device: cpu
-  compile: "off"
-params:
-  lr: {{type: loguniform, low: 1.0e-2, high: 0.3, target: train.optimizer.lr}}
-seeds: 4
-steps: 4000
-eval_every: 100
-trials: {TRIALS}
-concurrency: 2
-scheduler: none
-resources: {{cpus: 1, gpus: 0}}
-retries: 0
-sampler: {{type: random, seed: 0}}
-"""
+SPACE = loopback_stack.small_mul_space(SWEEP, seeds=4, steps=4000, eval_every=100, trials=TRIALS)
 ARTIFACTS = {"seeds.csv", "weights/best_seed.json", "plots/curves.png"}
 
 
@@ -75,7 +56,7 @@ def test_a_sweep_loses_nothing_while_the_tracking_server_is_away(tracking_stack,
             trials = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("nalu_sweep.role") == "trial"]
             return any(len(client.get_metric_history(r.info.run_id, "objective")) >= 2 for r in trials)
 
-        native.wait_until(lambda: driver.poll() is None and training(), 150, "first trial", tmp_path / "sweep.log")
+        loopback_stack.wait_until(lambda: driver.poll() is None and training(), 150, "first trial", tmp_path / "sweep.log")
         down = time.time()
         server.stop_mlflow()
         time.sleep(max(0.0, OUTAGE_S - server.startup_s))  # a start takes startup_s of the outage
@@ -86,7 +67,7 @@ def test_a_sweep_loses_nothing_while_the_tracking_server_is_away(tracking_stack,
         rc = driver.wait(timeout=240)
     finally:
         if driver.poll() is None:
-            native.stop_trees([driver])
+            loopback_stack.stop_trees([driver])
         log.close()
     output = (tmp_path / "sweep.log").read_text(errors="replace")
     print(f"sweep: {time.monotonic() - started:.0f} s, server away {up - down:.0f} s "

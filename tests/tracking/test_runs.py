@@ -93,7 +93,7 @@ def test_runs_left_running_by_a_crash_are_closed(tracking):
 
 
 def test_after_fit_mlflow_is_made_to_agree_with_tune(tracking):
-    from service.search.tune_runner import TuneTrial, _settle_trial_runs
+    from service.sweep.outcome import TuneTrial, settle_trial_runs
 
     uri, client, _ = tracking
     experiment_id, parent = _sweep(tracking, "settle")
@@ -103,7 +103,7 @@ def test_after_fit_mlflow_is_made_to_agree_with_tune(tracking):
     phantom = runs.TrialRun.open(uri, experiment_id, parent, "x", "trial-x", {})
     runs.close_stale_trial_runs(client, experiment_id, parent)  # as a resume does
     tune = {"p": TuneTrial("pruned", {"objective": 0.25, "success_rate": 0.5, "step": 500.0, "pid": 7})}
-    _settle_trial_runs(client, experiment_id, parent, tune, complete=True)
+    settle_trial_runs(client, experiment_id, parent, tune, complete=True)
 
     left = {r.data.tags[TAG_TRIAL_KEY]: r for r in runs.trial_runs(client, experiment_id, parent)}
     assert set(left) == {"p"}  # the phantom (unknown to Tune) is gone

@@ -8,7 +8,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from service.units import ForwardContext, UnknownUnitError, build_unit, get_unit, unit_names
+from service.units import (
+    ForwardContext,
+    UnknownUnitError,
+    build_unit,
+    get_unit,
+    unit_names,
+)
 from service.units.base import Unit
 from service.units.init import INIT_NAMES
 

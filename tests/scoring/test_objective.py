@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.metrics import AggregateMetrics, wilson_interval
-from service.search.objective import OBJECTIVE, closeness, objective_value
-from service.search.space import parse_space
-from service.search.trial import STEP, is_metric_key, run_trial
+from service.scoring.metrics import AggregateMetrics, wilson_interval
+from service.scoring.objective import OBJECTIVE, closeness, objective_value
+from service.search.loading import parse_space
+from service.sweep.trial import STEP, is_metric_key, run_trial
 
 STEPS = 10_000
 THRESHOLDS = {"extrapolation": 0.1}
@@ -110,7 +110,7 @@ def test_a_stop_inside_report_leaves_the_trial_not_completed():
         if metrics[STEP] >= 100:
             raise SystemExit(0)
 
-    from service.search.trial import TrialProgress
+    from service.sweep.trial import TrialProgress
 
     progress = TrialProgress()
     with pytest.raises(SystemExit):

@@ -11,7 +11,8 @@ import pytest
 import requests
 
 from service.errors import UserError
-from service.search.tune_runner import SweepOptions, TuneTrial, _record_end
+from service.sweep.driver import SweepOptions
+from service.sweep.outcome import TuneTrial, record_end
 from service.tracking import runs, spool, store
 
 
@@ -51,7 +52,7 @@ def test_a_server_away_at_the_end_is_waited_for(tmp_path, monkeypatch):
     uri, client, experiment_id, parent, child = _sweep(tmp_path, "end")
     flaky = AwayFor(client, 3)
     trials = {"t1": TuneTrial("done", {"objective": 0.75, "training_iteration": 2})}
-    counts, best, outcome = _record_end(flaky, SweepOptions("end", uri, str(tmp_path)), experiment_id,
+    counts, best, outcome = record_end(flaky, SweepOptions("end", uri, str(tmp_path)), experiment_id,
                                         parent, trials, "completed", planned=1)
     assert flaky.left == 0
     assert (counts["completed"], best, outcome) == (1, 0.75, "completed")
@@ -72,7 +73,7 @@ def test_a_server_that_stays_away_is_a_clear_error(tmp_path, monkeypatch):
     uri = f"http://user:secret@127.0.0.1:{port}"
     began = time.monotonic()
     with pytest.raises(UserError) as error:
-        _record_end(store.client(uri), SweepOptions("end", uri, str(tmp_path)), "1", "p", {}, "completed",
+        record_end(store.client(uri), SweepOptions("end", uri, str(tmp_path)), "1", "p", {}, "completed",
                     planned=1)
     assert time.monotonic() - began < 15
     message = str(error.value)

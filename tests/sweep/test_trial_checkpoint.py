@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from service.search.space import SearchSpaceError, parse_space
-from service.search.suggest import active_params, run_configs
-from service.search.trial import STEP, run_trial
-from service.search.trial_state import TrialState
+from service.search.assign import active_params, run_configs
+from service.search.loading import parse_space
+from service.search.space import SearchSpaceError
+from service.sweep.trial import STEP, run_trial
+from service.sweep.trial_state import TrialState
 from service.training.checkpoint import CheckpointError
 
 TASK = {"kind": "small_mul", "eval_samples": 200, "threshold_samples": 10_000}

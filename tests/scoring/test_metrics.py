@@ -9,9 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from service.metrics import (
-    AggregateMetrics, EvalHistory, aggregate, mean_interval, median_interval, per_seed_metrics,
-    sparsity_error, t_quantile, wilson_interval,
+from service.scoring.metrics import (
+    AggregateMetrics,
+    EvalHistory,
+    aggregate,
+    mean_interval,
+    median_interval,
+    per_seed_metrics,
+    sparsity_error,
+    t_quantile,
+    wilson_interval,
 )
 from service.tasks import ArithmeticTask, IdentityTask, SingleUnitTask, SmallMulTask
 from service.tasks import base as task_base

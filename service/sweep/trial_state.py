@@ -15,8 +15,14 @@ from typing import Any
 
 from service.config import RunConfig
 from service.training.checkpoint import (
-    FORMAT, CheckpointError, TrainerCheckpoint, config_fingerprint, load_payload, result_from_payload,
-    result_payload, save_payload,
+    FORMAT,
+    CheckpointError,
+    TrainerCheckpoint,
+    config_fingerprint,
+    load_payload,
+    result_from_payload,
+    result_payload,
+    save_payload,
 )
 from service.training.result import RunResult
 

@@ -5,7 +5,6 @@ Registered on the `service.cli` app; heavy imports (Ray, MLflow) happen inside t
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
 from datetime import datetime
@@ -15,81 +14,18 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from service.cli import app, console, fail
+from service.cli.app import app, console, fail
+from service.cli.common import (
+    TRACKING_HELP,
+    open_client,
+    print_wide,
+    success_cell,
+    tracking_uri_of,
+)
 from service.errors import UserError
+from service.formatting import fmt_number, fmt_param, redact
 from service.names import require_sweep_name
-
-TRACKING_HELP = ("MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the "
-                 "working directory).")
-
-
-def _tracking_uri(option: Optional[str], must_exist: bool, probe: bool = True) -> str:
-    """The resolved tracking URI; a server it names must answer within the connect timeout
-    (`service.endpoints`), a local store must exist when ``must_exist``."""
-    from service.endpoints import check_tracking_uri
-    from service.tracking.store import resolve_tracking_uri
-
-    uri = resolve_tracking_uri(option)
-    if probe:
-        check_tracking_uri(uri)
-    if must_exist and uri.startswith("sqlite:///"):
-        path = Path(uri.removeprefix("sqlite:///"))
-        if not path.is_file():
-            raise UserError(f"no tracking store at {path}: run a sweep here first, or pass --tracking-uri")
-    return uri
-
-
-def _client(uri: str):
-    from service.tracking.store import client
-
-    return client(uri)
-
-
-def _shown(uri: str) -> str:
-    """A tracking URI as printed: never with its password."""
-    from service.tracking.store import redact
-
-    return redact(uri)
-
-
-def _fmt(value: Optional[float], spec: str = ".3g") -> str:
-    return "—" if value is None or not math.isfinite(value) else format(value, spec)
-
-
-def _success(metrics: dict[str, float]) -> str:
-    """``3/4 [0.30, 0.95]``: successful seeds and the 95% Wilson interval of the rate."""
-    if "success_rate" not in metrics:
-        return "—"
-    if "successes" in metrics and "n_seeds" in metrics:
-        text = f"{int(metrics['successes'])}/{int(metrics['n_seeds'])}"
-    else:
-        text = f"{metrics['success_rate']:.0%}"
-    if "success_ci_low" in metrics and "success_ci_high" in metrics:
-        text += f" [{metrics['success_ci_low']:.2f}, {metrics['success_ci_high']:.2f}]"
-    return text
-
-
-def _print(renderable) -> None:
-    """Tables at full width when the output is a file or pipe (no terminal to fit)."""
-    if console.is_terminal:
-        console.print(renderable)
-        return
-    width = console.width
-    console.width = max(width, 200)
-    try:
-        console.print(renderable)
-    finally:
-        console.width = width
-
-
-def _param_cell(value: Optional[str]) -> str:
-    """A logged parameter for a table: numbers to 3 significant digits, text as is."""
-    if value is None:
-        return "—"
-    try:
-        return _fmt(float(value)) if any(ch.isdigit() for ch in value) else value
-    except ValueError:
-        return value
+from service.tracking.store import Outcome
 
 
 def best_table(view, top: int, include_pruned: bool = False) -> Table:
@@ -110,10 +46,10 @@ def best_table(view, top: int, include_pruned: bool = False) -> Table:
         table.add_column("outcome")
     for i, r in enumerate(rows, 1):
         m = r.metrics
-        params = [_param_cell(r.params.get(n)) for n in names]
-        cells = [str(i), r.name, *params, _success(m), _fmt(m.get("solved_at_median"), ".0f"),
-                 _fmt(m.get("sparsity_error_mean")), _fmt(m.get("diverged"), ".0f"),
-                 _fmt(r.objective, ".4f")]
+        params = [fmt_param(r.params.get(n)) for n in names]
+        cells = [str(i), r.name, *params, success_cell(m), fmt_number(m.get("solved_at_median"), ".0f"),
+                 fmt_number(m.get("sparsity_error_mean")), fmt_number(m.get("diverged"), ".0f"),
+                 fmt_number(r.objective, ".4f")]
         if include_pruned:
             cells.append(r.outcome)
         table.add_row(*cells)
@@ -153,11 +89,11 @@ def sweep(
         from service.endpoints import check_database_url, check_ray_address
 
         # servers first, before the heavy imports: Ray and MLflow would retry them for minutes
-        uri = _tracking_uri(tracking_uri, must_exist=False)
+        uri = tracking_uri_of(tracking_uri, must_exist=False)
         check_ray_address(address)
         if optuna_storage:
             check_database_url(optuna_storage)
-        from service.search.space import load_space
+        from service.search.loading import load_space
 
         space = load_space(space_file).with_overrides(
             f"{space_file} with the command-line options",
@@ -169,7 +105,7 @@ def sweep(
         if resume and uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).is_file():
             raise UserError(f"nothing to resume: no tracking store at {uri.removeprefix('sqlite:///')} "
                             "(use the same --tracking-uri as the original sweep)")
-        from service.search.tune_runner import SweepOptions, resolve_storage_path, run_sweep
+        from service.sweep.driver import SweepOptions, resolve_storage_path, run_sweep
 
         options = SweepOptions(
             name=sweep_name, tracking_uri=uri,
@@ -177,7 +113,7 @@ def sweep(
             address=address, resume=resume, verbose=verbose, optuna_storage=optuna_storage,
         )
         console.print(f"sweep [bold]{sweep_name}[/]: {space.trials} trials × {space.seeds} seeds × "
-                      f"{space.steps} steps, {space.concurrency} at a time; tracking {_shown(options.tracking_uri)}",
+                      f"{space.steps} steps, {space.concurrency} at a time; tracking {redact(options.tracking_uri)}",
                       highlight=False)
         summary = run_sweep(space, options, console)
     except UserError as e:
@@ -189,16 +125,16 @@ def sweep(
     from service.tracking.queries import load_sweep
 
     try:
-        view = load_sweep(_client(summary.tracking_uri), summary.name)
+        view = load_sweep(open_client(summary.tracking_uri), summary.name)
     except Exception as e:  # noqa: BLE001 - the store went away after the sweep was recorded
         console.print(f"[yellow]cannot show the best settings now ({type(e).__name__}); "
                       f"try `nalu-sweep best {summary.name}` later[/]", highlight=False)
         view = None
     if view is not None and view.ranked():
-        _print(best_table(view, top=5))
+        print_wide(best_table(view, top=5))
     console.print(f"details: [bold]nalu-sweep best {summary.name}[/], or browse with [bold]nalu-sweep ui[/]",
                   highlight=False)
-    if summary.outcome != "completed":
+    if summary.outcome != Outcome.COMPLETED:
         console.print(f"continue with: nalu-sweep sweep {space_file} --resume --name {summary.name}",
                       highlight=False)
         raise typer.Exit(1)
@@ -213,10 +149,10 @@ def status(
     try:
         if name is not None:
             require_sweep_name(name, "NAME")
-        uri = _tracking_uri(tracking_uri, must_exist=True)
+        uri = tracking_uri_of(tracking_uri, must_exist=True)
         from service.tracking.queries import list_sweeps, load_sweep
 
-        client = _client(uri)
+        client = open_client(uri)
         try:
             views = [load_sweep(client, name)] if name else list_sweeps(client)
         except Exception as e:  # noqa: BLE001 - an unreachable or refusing tracking store
@@ -227,9 +163,9 @@ def status(
     except UserError as e:
         fail(str(e))
     if not views:
-        console.print(f"no sweeps in {_shown(uri)}")
+        console.print(f"no sweeps in {redact(uri)}")
         return
-    table = Table(title=f"sweeps in {_shown(uri)}")
+    table = Table(title=f"sweeps in {redact(uri)}")
     for col in ("sweep", "state", "started", "finished/planned", "running", "completed", "pruned", "failed",
                 "interrupted", "best objective", "best success [95% CI]"):
         table.add_column(col, justify="left" if col in ("sweep", "state") else "right")
@@ -241,17 +177,17 @@ def status(
         finished = c["completed"] + c["pruned"] + c["failed"]
         table.add_row(v.name, v.outcome or v.status.lower(), started, f"{finished}/{v.planned_trials or '?'}",
                       str(c["running"]), str(c["completed"]), str(c["pruned"]), str(c["failed"]),
-                      str(c["interrupted"]), _fmt(top.objective if top else None, ".4f"),
-                      _success(top.metrics) if top else "—")
-    _print(table)
+                      str(c["interrupted"]), fmt_number(top.objective if top else None, ".4f"),
+                      success_cell(top.metrics) if top else "—")
+    print_wide(table)
     if name:
         v = views[0]
         trials = Table(title=f"trials of {v.name}")
         for col in ("trial", "outcome", "status", "objective", "success [95% CI]"):
             trials.add_column(col)
         for t in v.trials:
-            trials.add_row(t.name, t.outcome, t.status, _fmt(t.objective, ".4f"), _success(t.metrics))
-        _print(trials)
+            trials.add_row(t.name, t.outcome, t.status, fmt_number(t.objective, ".4f"), success_cell(t.metrics))
+        print_wide(trials)
 
 
 @app.command()
@@ -265,10 +201,10 @@ def best(
     median solved_at and mean sparsity error, best first."""
     try:
         require_sweep_name(name, "NAME")
-        uri = _tracking_uri(tracking_uri, must_exist=True)
+        uri = tracking_uri_of(tracking_uri, must_exist=True)
         from service.tracking.queries import list_sweeps, load_sweep
 
-        client = _client(uri)
+        client = open_client(uri)
         try:
             view = load_sweep(client, name)
         except Exception as e:  # noqa: BLE001 - an unreachable or refusing tracking store
@@ -283,7 +219,7 @@ def best(
         console.print(f"sweep {name}: no finished trial yet ({c['running']} running, {c['pruned']} pruned, "
                       f"{c['failed']} failed)")
         return
-    _print(best_table(view, top, include_pruned))
+    print_wide(best_table(view, top, include_pruned))
 
 
 @app.command()
@@ -296,11 +232,11 @@ def ui(
     from service.tracking.store import artifact_root
 
     try:
-        uri = _tracking_uri(tracking_uri, must_exist=True, probe=False)  # a server is only named
+        uri = tracking_uri_of(tracking_uri, must_exist=True, probe=False)  # a server is only named
     except UserError as e:
         fail(str(e))
     if uri.startswith(("http://", "https://")):
-        console.print(f"the tracking store is an MLflow server: open {_shown(uri)}")
+        console.print(f"the tracking store is an MLflow server: open {redact(uri)}")
         return
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
     root = artifact_root(uri)

@@ -338,3 +338,30 @@ def _port_open(host: str, port: int) -> bool:
         return _connects(host, port)
     except OSError:
         return False
+
+
+def small_mul_space(name: str, *, seeds: int, steps: int, eval_every: int, trials: int,
+                    retries: int = 0, checkpoint_every: int | None = None) -> str:
+    """The search space the real-service tests sweep: NAU → NMU on the small
+    multiplication problem, the learning rate searched, two trials at once, one CPU each."""
+    checkpoint = f"checkpoint_every: {checkpoint_every}\n" if checkpoint_every is not None else ""
+    return f"""
+name: {name}
+task: {{kind: small_mul, eval_samples: 200, threshold_samples: 1000}}
+fixed:
+  model: {{layers: [{{unit: nau}}, {{unit: nmu}}]}}
+  train: {{batch_size: 32}}
+  device: cpu
+  compile: "off"
+params:
+  lr: {{type: loguniform, low: 1.0e-2, high: 0.3, target: train.optimizer.lr}}
+seeds: {seeds}
+steps: {steps}
+eval_every: {eval_every}
+{checkpoint}trials: {trials}
+concurrency: 2
+scheduler: none
+resources: {{cpus: 1, gpus: 0}}
+retries: {retries}
+sampler: {{type: random, seed: 0}}
+"""

@@ -1,9 +1,7 @@
-"""Optuna define-by-run over a `SearchSpace`, and the mapping of a trial onto run configs.
+"""Optuna define-by-run over a `SearchSpace`.
 
 Parameters are suggested in dependency order; a conditional parameter is only suggested
 (and so only exists in the trial) when its ``when`` holds for the values already drawn.
-The flat ``{name: value}`` of a trial becomes one `RunConfig` per task through each
-parameter's target paths (`service.search.space.run_config_data`).
 """
 
 from __future__ import annotations
@@ -12,9 +10,12 @@ from typing import Any
 
 import optuna
 
-from service.config import RunConfig
 from service.search.space import (
-    CategoricalParam, IntParam, LogUniformParam, SearchSpace, UniformParam, run_config_data,
+    CategoricalParam,
+    IntParam,
+    LogUniformParam,
+    SearchSpace,
+    UniformParam,
 )
 
 
@@ -41,30 +42,6 @@ def suggest_params(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
     return values
 
 
-def active_params(space: SearchSpace, values: dict[str, Any]) -> dict[str, Any]:
-    """Drop values whose condition does not hold (e.g. a config edited by hand)."""
-    out: dict[str, Any] = {}
-    for name in space.order():
-        if name in values and space.params[name].active(out):
-            out[name] = values[name]
-    return out
-
-
-def run_configs(space: SearchSpace, params: dict[str, Any]) -> dict[str, RunConfig]:
-    """``{task name: RunConfig}`` of a trial whose searched values are ``params``."""
-    params = active_params(space, params)
-    return {
-        name: RunConfig.model_validate(run_config_data(space, params, name))
-        for name in space.task_configs()
-    }
-
-
-def suggest(trial: optuna.Trial, space: SearchSpace) -> RunConfig:
-    """Suggest one trial and return the run config of its first task."""
-    configs = run_configs(space, suggest_params(trial, space))
-    return next(iter(configs.values()))
-
-
 class DefineByRun:
     """A picklable define-by-run function for `ray.tune.search.optuna.OptunaSearch`: the
     values suggested through ``trial`` become the Tune trial's config."""
@@ -75,3 +52,4 @@ class DefineByRun:
     def __call__(self, trial: optuna.Trial) -> None:
         suggest_params(trial, self.space)
         return None
+

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from service.search import tune_runner
-from service.search.space import parse_space
-from service.search.trial import params_digest, run_trial
+from service.search.loading import parse_space
+from service.sweep import driver
+from service.sweep.trainable import TRAINABLE_NAME
+from service.sweep.trial import params_digest, run_trial
 from service.tracking import runs, store
 
 STEPS, EVAL_EVERY, CRASH_AT = 400, 50, 250
@@ -40,7 +41,7 @@ def _flaky_trainable(marker: Path):
 
             import ray.tune
 
-            from service.search.tune_runner import execute_trial
+            from service.sweep.trainable import execute_trial
 
             if marker.exists():
                 return execute_trial(config, settings)
@@ -55,7 +56,7 @@ def _flaky_trainable(marker: Path):
             with mock.patch.object(ray.tune, "report", report):
                 execute_trial(config, settings)
 
-        nalu_sweep_trial.__name__ = tune_runner.TRAINABLE_NAME
+        nalu_sweep_trial.__name__ = TRAINABLE_NAME
         return nalu_sweep_trial
 
     return make
@@ -65,18 +66,18 @@ def _flaky_trainable(marker: Path):
 def test_a_retried_trial_continues_from_its_checkpoint(ray_address, tmp_path, monkeypatch):
     space = _space()
     marker = tmp_path / "crashed"
-    monkeypatch.setattr(tune_runner, "make_trainable", _flaky_trainable(marker))
+    monkeypatch.setattr(driver, "make_trainable", _flaky_trainable(marker))
     iterations = []
-    tune_trials = tune_runner._tune_trials
+    tune_trials = driver.tune_trials
 
     def spy(grid, board, total_steps):  # Tune's own view of the trial at the end of `fit`
         iterations.extend(r.metrics.get("training_iteration") for r in grid or [])
         return tune_trials(grid, board, total_steps)
 
-    monkeypatch.setattr(tune_runner, "_tune_trials", spy)
-    options = tune_runner.SweepOptions(name="ckpt", tracking_uri=store.resolve_tracking_uri(None),
+    monkeypatch.setattr(driver, "tune_trials", spy)
+    options = driver.SweepOptions(name="ckpt", tracking_uri=store.resolve_tracking_uri(None),
                                        storage_path=str(tmp_path / "runs"))
-    summary = tune_runner.run_sweep(space, options, Console(file=io.StringIO()))
+    summary = driver.run_sweep(space, options, Console(file=io.StringIO()))
     assert marker.read_text() == str(float(CRASH_AT)), "the fault was not injected"
     assert summary.outcome == "completed" and summary.trials["completed"] == 1, summary
 

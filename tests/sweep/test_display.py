@@ -6,7 +6,12 @@ import pickle
 
 from rich.console import Console
 
-from service.search.display import LiveProgress, SweepBoard, register_board, unregister_board
+from service.sweep.display import (
+    LiveProgress,
+    SweepBoard,
+    register_board,
+    unregister_board,
+)
 
 
 class _Trial:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import native  # noqa: E402
+import loopback_stack  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
@@ -25,33 +25,14 @@ SWEEP = "cluster-smoke"
 # Two trials of ~10-20 s each: long enough that the second one cannot wait for the first
 # to finish and reuse its actor, so one runs on each single-CPU node.
 TRIALS = 2
-SPACE = f"""
-name: {SWEEP}
-task: {{kind: small_mul, eval_samples: 200, threshold_samples: 1000}}
-fixed:
-  model: {{layers: [{{unit: nau}}, {{unit: nmu}}]}}
-  train: {{batch_size: 32}}
-  device: cpu
-  compile: "off"
-params:
-  lr: {{type: loguniform, low: 1.0e-2, high: 0.3, target: train.optimizer.lr}}
-seeds: 2
-steps: 6000
-eval_every: 3000
-trials: {TRIALS}
-concurrency: 2
-scheduler: none
-resources: {{cpus: 1, gpus: 0}}
-retries: 0
-sampler: {{type: random, seed: 0}}
-"""
+SPACE = loopback_stack.small_mul_space(SWEEP, seeds=2, steps=6000, eval_every=3000, trials=TRIALS)
 
 
 @pytest.fixture(scope="module")
 def cluster(tracking_stack):
     """The session's PostgreSQL + MLflow server, with a two-node Ray cluster added for
     this module (and stopped after it)."""
-    if not all(map(native.loopback_alias_usable, (native.HEAD_IP, native.WORKER_IP))):
+    if not all(map(loopback_stack.loopback_alias_usable, (loopback_stack.HEAD_IP, loopback_stack.WORKER_IP))):
         pytest.skip("127.0.0.2 / 127.0.0.3 are not usable loopback addresses here")
     started = time.monotonic()
     try:
@@ -124,7 +105,7 @@ def test_one_parent_and_one_child_per_trial(client):
 
 def test_trials_ran_on_both_nodes(client):
     _, children = _runs(client)
-    assert {c.data.tags.get("nalu_sweep.node_ip") for c in children} == {native.HEAD_IP, native.WORKER_IP}
+    assert {c.data.tags.get("nalu_sweep.node_ip") for c in children} == {loopback_stack.HEAD_IP, loopback_stack.WORKER_IP}
 
 
 def test_every_artifact_downloads_through_the_server(client, tmp_path):
@@ -160,7 +141,7 @@ def test_optuna_study_is_in_postgresql(swept):
     finished = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(finished) == TRIALS
     assert {"lr"} <= set(finished[0].params)
-    with psycopg.connect(host="127.0.0.1", port=cluster.pg_port, user=native.DB_USER,
+    with psycopg.connect(host="127.0.0.1", port=cluster.pg_port, user=loopback_stack.DB_USER,
                          password=cluster.pg_password, dbname="optuna") as conn:
         (n,) = conn.execute("SELECT count(*) FROM trials t JOIN studies s USING (study_id) "
                             "WHERE s.study_name = %s", (SWEEP,)).fetchone()
@@ -170,8 +151,9 @@ def test_optuna_study_is_in_postgresql(swept):
 def test_a_new_sweep_with_a_taken_study_name_is_refused(swept, tmp_path):
     cluster, _ = swept
     from service.errors import UserError
-    from service.search.tune_runner import SweepOptions, _check_study
+    from service.sweep.driver import SweepOptions
+    from service.sweep.searcher import check_study
 
     with pytest.raises(UserError, match="already exists"):
-        _check_study(SweepOptions(name=SWEEP, tracking_uri="sqlite:///x.db", storage_path=str(tmp_path),
+        check_study(SweepOptions(name=SWEEP, tracking_uri="sqlite:///x.db", storage_path=str(tmp_path),
                                   optuna_storage=cluster.db_url("optuna")))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from service.metrics import AggregateMetrics
+from service.scoring.metrics import AggregateMetrics
 
 SOLVED_AT_WEIGHT = 1e-7
 SPARSITY_WEIGHT = 1e-10

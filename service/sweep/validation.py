@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,58 +18,26 @@ from typing import Any
 from pydantic import ValidationError
 
 from service.config import RunConfig
-from service.errors import UserError
-from service.search.space import CategoricalParam, IntParam, SearchSpace, parse_space
-from service.search.suggest import run_configs
+from service.errors import UserError, error_message
+from service.scoring.combine import combine_tasks
+from service.search.assign import active_params, run_configs, typed_params
+from service.search.space import SearchSpace
+from service.sweep.cluster import init_ray
+from service.sweep.trial import log_trial_artifacts
 from service.tracking import runs, store
-
-ROLE_VALIDATION = "validation"
-TAG_SOURCE_RUN = "nalu_sweep.validates_run"
-TAG_SEED_IDS = "nalu_sweep.seed_ids"
-TAG_BATCH = "nalu_sweep.validation_batch"
-SPEC_ARTIFACT = "search_space/resolved_spec.json"
-
-
-# -- reading the sweep back ------------------------------------------------------------------------------
-def load_space(client: Any, parent_run_id: str) -> SearchSpace:
-    """The resolved search space the sweep ran with (an artifact of its parent run)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            path = store.retry(lambda: client.download_artifacts(parent_run_id, SPEC_ARTIFACT, tmp))
-        except Exception as e:  # noqa: BLE001
-            raise UserError(f"the sweep's parent run has no {SPEC_ARTIFACT} ({e})") from None
-        data = json.loads(Path(path).read_text())
-    return parse_space(data, source="the sweep's resolved spec")
-
-
-def typed_params(space: SearchSpace, params: dict[str, str]) -> dict[str, Any]:
-    """A trial's searched values from their MLflow string form back to Python values."""
-    out: dict[str, Any] = {}
-    for name, param in space.params.items():
-        if name not in params:
-            continue
-        text = params[name]
-        if isinstance(param, CategoricalParam):
-            matches = [label for label in param.labels if str(label) == text]
-            if not matches:
-                raise UserError(f"parameter {name}: logged value {text!r} is not one of {param.labels}")
-            out[name] = matches[0]
-        elif isinstance(param, IntParam):
-            out[name] = int(float(text))
-        else:
-            out[name] = float(text)
-    return out
+from service.tracking.queries import sweep_space, validation_runs
+from service.tracking.store import (
+    ROLE_VALIDATION,
+    TAG_BATCH,
+    TAG_SEED_IDS,
+    TAG_SOURCE_RUN,
+    Outcome,
+)
 
 
 def trial_configs(space: SearchSpace, params: dict[str, str]) -> dict[str, RunConfig]:
     """``{task: RunConfig}`` of a logged trial, exactly as the sweep trained it."""
     return run_configs(space, typed_params(space, params))
-
-
-def validation_runs(client: Any, experiment_id: str, parent_run_id: str) -> list[Any]:
-    return runs._all_runs(client, [experiment_id],
-                          f"tags.`{store.TAG_PARENT}` = {runs._quote(parent_run_id)} AND "
-                          f"tags.`{store.TAG_ROLE}` = '{ROLE_VALIDATION}'")
 
 
 def used_seed_ids(space: SearchSpace, trial_params: list[dict[str, str]], earlier: list[Any]) -> set[int]:
@@ -101,8 +68,7 @@ def fresh_offset(used: set[int]) -> int:
 def validation_configs(space: SearchSpace, params: dict[str, str], seeds: int, seed_offset: int,
                        extra_ranges: dict[str, str]) -> dict[str, RunConfig]:
     """``{task: RunConfig}`` of a logged trial with fresh seeds and extra ranges added."""
-    from service.search.space import run_config_data
-    from service.search.suggest import active_params
+    from service.search.targets import run_config_data
 
     values = active_params(space, typed_params(space, params))
     return {task: with_validation(run_config_data(space, values, task), seeds, seed_offset, extra_ranges)
@@ -139,7 +105,7 @@ def parse_ranges(items: list[str]) -> dict[str, str]:
         try:
             Range.model_validate(spec)
         except ValidationError as e:
-            why = "; ".join(err["msg"].removeprefix("Value error, ") for err in e.errors(include_url=False))
+            why = "; ".join(error_message(err) for err in e.errors(include_url=False))
             raise UserError(f"--range {item!r}: {why}") from None
         out[name] = spec
     return out
@@ -169,9 +135,7 @@ def validate_sweep(tracking_uri: str, name: str, top: int, seeds: int, extra_ran
                    address: str | None = None, include_pruned: bool = False) -> list[ValidatedSetting]:
     """Re-train the sweep's ``top`` settings on ``seeds`` fresh seeds each (one Ray task per
     setting) and log one validation child run per setting under the sweep's parent run."""
-    from service.search.objective import OBJECTIVE, objective_value
-    from service.search.trial import _combined
-    from service.search.tune_runner import _init_ray
+    from service.scoring.objective import objective_value
     from service.tracking.queries import load_sweep
 
     extra_ranges = extra_ranges or {}
@@ -182,7 +146,7 @@ def validate_sweep(tracking_uri: str, name: str, top: int, seeds: int, extra_ran
     ranked = view.ranked(include_pruned)[:top]
     if not ranked:
         raise UserError(f"sweep {name}: no finished trial to validate")
-    space = load_space(client, view.run_id)
+    space = sweep_space(client, view.run_id)
     earlier = validation_runs(client, view.experiment_id, view.run_id)
     used = used_seed_ids(space, [t.params for t in view.trials], earlier)
     offset = fresh_offset(used)
@@ -196,7 +160,7 @@ def validate_sweep(tracking_uri: str, name: str, top: int, seeds: int, extra_ran
             assert not (set(cfg.seed_ids) & used), "validation seeds overlap the search's seeds"
         jobs.append((trial, configs))
 
-    started_ray = _init_ray(address, verbose=False)
+    started_ray = init_ray(address, verbose=False)
     import ray
 
     try:
@@ -214,7 +178,7 @@ def validate_sweep(tracking_uri: str, name: str, top: int, seeds: int, extra_ran
     for (trial, configs), per_task in zip(jobs, results):
         finals = {task: (objective_value(r.aggregate, space.steps, r.thresholds), r.aggregate)
                   for task, r in per_task.items()}
-        metrics = _combined(finals)
+        metrics = combine_tasks(finals)
         seed_ids = sorted(next(iter(configs.values())).seed_ids)
         run_id = _log_validation(client, view, trial, per_task, metrics, seed_ids, extra_ranges, batch)
         out.append(ValidatedSetting(trial.run_id, trial.name, run_id, dict(trial.metrics), metrics, seed_ids))
@@ -225,12 +189,11 @@ def _log_validation(client: Any, view: Any, trial: Any, results: dict[str, Any],
                     seed_ids: list[int], extra_ranges: dict[str, str], batch: str) -> str:
     from mlflow.entities import Metric
 
-    from service.search.trial import _log_artifacts
 
     tags = {
         store.TAG_PARENT: view.run_id, store.TAG_ROLE: ROLE_VALIDATION, store.TAG_SWEEP: view.name,
         TAG_SOURCE_RUN: trial.run_id, TAG_SEED_IDS: f"{seed_ids[0]}-{seed_ids[-1]}", TAG_BATCH: batch,
-        store.TAG_OUTCOME: "completed",
+        store.TAG_OUTCOME: Outcome.COMPLETED,
         "mlflow.note.content": f"validation of {trial.name} on fresh seeds {seed_ids[0]}..{seed_ids[-1]}",
     }
     run = store.retry(lambda: client.create_run(view.experiment_id, tags=tags,
@@ -246,6 +209,6 @@ def _log_validation(client: Any, view: Any, trial: Any, results: dict[str, Any],
         def log_artifact_dir(self, directory: Path, artifact_path: str | None = None) -> None:
             store.retry(lambda: client.log_artifacts(run_id, str(directory), artifact_path))
 
-    _log_artifacts(_Tracker(), results, {})
+    log_trial_artifacts(_Tracker(), results, {})
     store.retry(lambda: client.set_terminated(run_id, status="FINISHED"))
     return run_id

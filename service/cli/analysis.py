@@ -11,8 +11,8 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from service.cli import app, console, fail
-from service.cli_sweep import TRACKING_HELP, _client, _print, _success, _tracking_uri
+from service.cli.app import app, console, fail
+from service.cli.common import TRACKING_HELP, print_wide, success_cell, tracking_uri_of
 from service.errors import UserError
 from service.names import require_sweep_name
 
@@ -21,7 +21,7 @@ from service.names import require_sweep_name
 def report(
     name: str = typer.Argument(..., help="The sweep name."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Directory for report.html and the PNGs (default: ./reports/NAME)."),
-    dashboard: Optional[Path] = typer.Option(None, help="Panel definitions (default: dashboards/report.yaml)."),
+    dashboard: Optional[Path] = typer.Option(None, help="Panel definitions (default: the shipped service/report/dashboard.yaml)."),
     no_log: bool = typer.Option(False, "--no-log", help="Do not log the report to the sweep's MLflow parent run."),
     tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
 ) -> None:
@@ -30,7 +30,7 @@ def report(
     learned weights, and validation on fresh seeds next to search-time success."""
     try:
         require_sweep_name(name, "NAME")
-        uri = _tracking_uri(tracking_uri, must_exist=True)
+        uri = tracking_uri_of(tracking_uri, must_exist=True)
         from service.report.build import build_report
 
         out = output or Path("reports") / name
@@ -63,9 +63,9 @@ def validate(
         require_sweep_name(name, "NAME")
         from service.endpoints import check_ray_address
 
-        uri = _tracking_uri(tracking_uri, must_exist=True)
+        uri = tracking_uri_of(tracking_uri, must_exist=True)
         check_ray_address(address)
-        from service.search.validate import parse_ranges, validate_sweep
+        from service.sweep.validation import parse_ranges, validate_sweep
 
         extra = parse_ranges(range_)
         console.print(f"validating the top {top} settings of {name} on {seeds} fresh seeds each", highlight=False)
@@ -76,8 +76,8 @@ def validate(
     for col in ("trial", "search success [95% CI]", "validation success [95% CI]", "validation run"):
         table.add_column(col)
     for r in results:
-        table.add_row(r.source_name, _success(r.search_metrics), _success(r.metrics), r.run_id)
-    _print(table)
+        table.add_row(r.source_name, success_cell(r.search_metrics), success_cell(r.metrics), r.run_id)
+    print_wide(table)
     console.print(f"now: [bold]nalu-sweep report {name}[/]", highlight=False)
 
 
@@ -92,7 +92,7 @@ def compare(
     try:
         require_sweep_name(name1, "NAME1")
         require_sweep_name(name2, "NAME2")
-        uri = _tracking_uri(tracking_uri, must_exist=True)
+        uri = tracking_uri_of(tracking_uri, must_exist=True)
         from service.report.data import load_report_data
         from service.report.panels import short_params
 
@@ -111,5 +111,5 @@ def compare(
         for i, t in enumerate(d.ranked(top)):
             v = d.validations.get(t.run_id)
             table.add_row(d.view.name, str(i + 1), t.name, f"{t.objective:.4f}" if t.objective is not None else "—",
-                          _success(t.metrics), _success(v.metrics) if v else "—", short_params(t.params, d.searched))
-    _print(table)
+                          success_cell(t.metrics), success_cell(v.metrics) if v else "—", short_params(t.params, d.searched))
+    print_wide(table)

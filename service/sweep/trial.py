@@ -14,7 +14,6 @@ does not start over.
 
 from __future__ import annotations
 
-import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,12 +21,15 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from service.metrics import AggregateMetrics, aggregate, per_seed_metrics
-from service.search.objective import OBJECTIVE, metrics_of, objective_value
+from service.config import RunConfig
+from service.formatting import fmt_param
+from service.scoring.combine import combine_tasks
+from service.scoring.metrics import AggregateMetrics, aggregate, per_seed_metrics
+from service.scoring.objective import OBJECTIVE, objective_value
+from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
-from service.search.suggest import active_params, run_configs
-from service.search.trial_state import TrialState
-from service.tracking.store import TAG_PARAMS_SHA256
+from service.sweep.trial_state import TrialState
+from service.tracking.store import TAG_PARAMS_SHA256, Outcome
 from service.training import EvalReport, Trainer
 from service.training.result import RunResult
 
@@ -93,19 +95,6 @@ def partial_aggregate(trainer: Trainer, report: EvalReport) -> AggregateMetrics:
     return aggregate(seeds)
 
 
-def _combined(per_task: dict[str, tuple[float, AggregateMetrics]]) -> dict[str, float]:
-    """Objective = the worst task's; unprefixed metrics are that task's; with several tasks
-    each task's metrics are also given as ``<task>.<metric>``."""
-    worst = min(per_task, key=lambda n: per_task[n][0])
-    value, agg = per_task[worst]
-    metrics = {OBJECTIVE: value, **metrics_of(agg)}
-    if len(per_task) > 1:
-        for name, (v, a) in per_task.items():
-            metrics[f"{name}.{OBJECTIVE}"] = v
-            metrics.update(metrics_of(a, prefix=f"{name}."))
-    return metrics
-
-
 def run_trial(
     params: dict[str, Any],
     space: SearchSpace,
@@ -113,19 +102,21 @@ def run_trial(
     tracker: Tracker | None = None,
     progress: TrialProgress | None = None,
     *,
+    configs: dict[str, RunConfig] | None = None,
     resume: TrialState | None = None,
     report_checkpoint: Callable[[dict[str, float], TrialState], None] | None = None,
 ) -> TrialProgress:
     """Train the trial's setting on each task in turn (S seeds each), reporting after every
     evaluation; log per-task artifacts and final metrics, then make the last report.
 
-    ``resume`` continues from a checkpoint (finished tasks are not trained again, the task
+    ``configs`` are the trial's run configs when the caller built them already (the driver
+    does, once per trial). ``resume`` continues from a checkpoint (finished tasks are not trained again, the task
     in progress continues from its trainer's state). ``report_checkpoint`` is called
     instead of ``report`` when a checkpoint is due; without it no checkpoint is taken.
     """
     progress = progress or TrialProgress()
     params = active_params(space, params)
-    configs = run_configs(space, params)
+    configs = configs if configs is not None else run_configs(space, params)
     n_tasks = len(configs)
     finals: dict[str, tuple[float, AggregateMetrics]] = {}
     start = 0
@@ -161,13 +152,13 @@ def run_trial(
             state = None
             if rep.checkpoint is not None:
                 state = TrialState(index, offset + rep.step, dict(progress.results), rep.checkpoint)
-            emit(_combined(current), offset + rep.step, to_tune=rep.step > 0, state=state)
+            emit(combine_tasks(current), offset + rep.step, to_tune=rep.step > 0, state=state)
 
         resume_from = resume.trainer if resume is not None and index == start else None
         result = trainer.run(on_eval, resume_from=resume_from, checkpoint_every=checkpoint_every)
         progress.results[task_name] = result
         finals[task_name] = (objective_value(result.aggregate, space.steps, result.thresholds), result.aggregate)
-        metrics = _combined(finals)
+        metrics = combine_tasks(finals)
         step = offset + space.steps
         if index < n_tasks - 1:
             state = TrialState(index + 1, step, dict(progress.results)) if checkpoint_every else None
@@ -179,8 +170,8 @@ def run_trial(
         if tracker is not None:
             tracker.log_metrics(metrics, step)
             tracker.set_tags({TAG_PARAMS_SHA256: params_digest(progress.results)})
-            _log_artifacts(tracker, progress.results, params)
-            tracker.close("completed")
+            log_trial_artifacts(tracker, progress.results, params)
+            tracker.close(Outcome.COMPLETED)
         progress.completed = True
         progress.reports += 1
         report({**metrics, STEP: float(step)})
@@ -198,22 +189,17 @@ def params_digest(results: dict[str, RunResult]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _log_artifacts(tracker: Tracker, results: dict[str, RunResult], params: dict[str, Any]) -> None:
+def log_trial_artifacts(tracker: Tracker, results: dict[str, RunResult], params: dict[str, Any]) -> None:
     from service.tracking.artifacts import write_trial_artifacts
 
     with tempfile.TemporaryDirectory(prefix="nalu-sweep-") as tmp:
         root = Path(tmp)
         for name, result in results.items():
             directory = root / name if len(results) > 1 else root
-            short = ", ".join(f"{k}={_short(v)}" for k, v in params.items())
+            short = ", ".join(f"{k}={fmt_param(v)}" for k, v in params.items())
             a = result.aggregate
             title = (f"{name}: success {a.successes}/{a.n_seeds} "
                      f"[{a.success_ci_low:.2f}, {a.success_ci_high:.2f}]  {short}")
             write_trial_artifacts(result, directory, title=title[:160])
         tracker.log_artifact_dir(root)
 
-
-def _short(value: Any) -> str:
-    if isinstance(value, float) and math.isfinite(value):
-        return f"{value:.3g}"
-    return str(value)

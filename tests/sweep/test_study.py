@@ -7,7 +7,7 @@ import optuna
 import pytest
 from ray.tune.search.optuna import OptunaSearch
 
-from service.search.study import ResumableOptunaSearch, fail_abandoned_trials
+from service.sweep.searcher import ResumableOptunaSearch, fail_abandoned_trials
 
 States = optuna.trial.TrialState
 

@@ -17,8 +17,9 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from service.names import MAX_SWEEP_NAME, sweep_name_problem
-from service.search import tune_runner
-from service.search.space import SearchSpaceError, load_space
+from service.search.loading import load_space
+from service.search.space import SearchSpaceError
+from service.sweep import driver
 
 REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "search_spaces" / "smoke.yaml"
@@ -66,7 +67,7 @@ def test_the_rule_accepts_plain_names(name):
 def test_the_fuzzers_failing_input_is_rejected(tmp_path, monkeypatch):
     """Regression: ``sweep search_spaces/smoke.yaml --name é`` was accepted (hypothesis
     6.170.15, derandomized)."""
-    monkeypatch.setattr(tune_runner, "run_sweep", _stub_sweep)
+    monkeypatch.setattr(driver, "run_sweep", _stub_sweep)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["sweep", str(SMOKE), "--name", "é"])
     assert result.exit_code == 2, result.output
@@ -77,7 +78,7 @@ def test_the_fuzzers_failing_input_is_rejected(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name", TRICKY.values(), ids=TRICKY.keys())
 def test_sweep_rejects_a_tricky_name_flag(tmp_path, monkeypatch, name):
-    monkeypatch.setattr(tune_runner, "run_sweep", _stub_sweep)
+    monkeypatch.setattr(driver, "run_sweep", _stub_sweep)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["sweep", str(SMOKE), "--name", name])
     assert result.exit_code == 2, result.output
@@ -97,7 +98,7 @@ def test_the_loader_rejects_a_tricky_name_in_the_file(tmp_path, name):
 
 
 def test_sweep_accepts_a_plain_name_flag(tmp_path, monkeypatch):
-    monkeypatch.setattr(tune_runner, "run_sweep", _stub_sweep)
+    monkeypatch.setattr(driver, "run_sweep", _stub_sweep)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["sweep", str(SMOKE), "--name", "nalu-gates_2"])
     assert REACHED_SWEEP in result.output, result.output

@@ -8,19 +8,19 @@ again (`register_board`), so a restored sweep shows its progress on the new term
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ray.tune import Callback
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
-from ray.tune import Callback
 
-from service.search.objective import OBJECTIVE
-from service.search.trial import STEP
+from service.formatting import fmt_param
+from service.scoring.objective import OBJECTIVE
+from service.sweep.trial import STEP
 
 _BOARDS: dict[str, "SweepBoard"] = {}
 MAX_ROWS = 16
@@ -38,12 +38,6 @@ class TrialLine:
     ci: tuple[float, float] | None = None
     last_result: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
-
-
-def _fmt_param(value: Any) -> str:
-    if isinstance(value, float) and math.isfinite(value):
-        return f"{value:.3g}"
-    return str(value)
 
 
 class SweepBoard:
@@ -121,7 +115,7 @@ class SweepBoard:
     def _line_text(self, line: TrialLine) -> str:
         rate = f"{line.successes}/{line.n_seeds}" if line.successes is not None else "—"
         obj = f"{line.objective:.3f}" if line.objective is not None else "—"
-        params = ", ".join(f"{k}={_fmt_param(v)}" for k, v in line.params.items())
+        params = ", ".join(f"{k}={fmt_param(v)}" for k, v in line.params.items())
         return f"{self.sweep} {line.name}: {line.state} at step {line.step}, objective {obj}, success {rate}  {params}"
 
     def render(self) -> Group:
@@ -149,7 +143,7 @@ class SweepBoard:
             style = {"done": "green", "pruned": "yellow", "failed": "red"}.get(t.state, "")
             table.add_row(t.name, Text(t.state, style=style), progress,
                           f"{t.objective:.3f}" if t.objective is not None else "—", success,
-                          ", ".join(f"{k}={_fmt_param(v)}" for k, v in t.params.items()))
+                          ", ".join(f"{k}={fmt_param(v)}" for k, v in t.params.items()))
         return Group(head, table)
 
 

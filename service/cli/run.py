@@ -1,39 +1,33 @@
-"""The `nalu-sweep` command line."""
+"""``nalu-sweep run``: train one configuration over S seeds, with a live progress bar and a
+result table."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
+import numpy as np
 import typer
 from pydantic import ValidationError
 from rich.console import Console
-
-from service.errors import UserError, describe_validation_error
-
-app = typer.Typer(
-    help="Seed-robust hyperparameter search for neural arithmetic units "
-    "(NAC, NALU, NAU, NMU, ...): train, sweep, and read off robust settings.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
 )
-console = Console()
-err_console = Console(stderr=True)
+from rich.table import Table
 
+from service.cli.app import app, console, fail
+from service.errors import UserError, describe_validation_error
+from service.formatting import fmt_number
 
-@app.callback()
-def _main() -> None:
-    """Seed-robust hyperparameter search for neural arithmetic units."""
-
-
-def fail(message: str, code: int = 2) -> None:
-    """Print a user-facing error (no traceback) and exit; a password inside a URI in the
-    message (``scheme://user:pw@host``) is shown as ``***``."""
-    from service.tracking.store import redact
-
-    err_console.print(f"[bold red]error:[/] {redact(message)}", highlight=False, soft_wrap=True)
-    raise typer.Exit(code)
+if TYPE_CHECKING:  # torch comes in with these: only the verb that trains imports them
+    from service.config import RunConfig
+    from service.training import EvalReport
+    from service.training.result import RunResult
 
 
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -122,8 +116,6 @@ def run(
 
     import torch
 
-    from service.report_console import print_run_result, run_with_progress
-
     torch.set_num_threads(max(1, threads))
 
     try:
@@ -135,5 +127,60 @@ def run(
     console.print(f"per-seed results: [bold]{path}[/]")
 
 
-import service.cli_sweep  # noqa: E402,F401  (registers sweep, status, best, ui)
-import service.cli_report  # noqa: E402,F401  (registers report, validate, compare)
+def solved_now(report: EvalReport, thresholds: dict[str, float]) -> int:
+    """Seeds below every extrapolation threshold at this evaluation (a live hint only)."""
+    ok = ~report.diverged
+    for name, mse in report.extrapolation_mse.items():
+        ok &= np.nan_to_num(mse, nan=np.inf) < thresholds[name]
+    return int(ok.sum())
+
+
+def run_with_progress(config: RunConfig, console: Console, quiet: bool = False) -> RunResult:
+    from service.training import Trainer
+
+    try:
+        trainer = Trainer(config)
+    except ValueError as e:  # e.g. --device cuda without CUDA
+        raise UserError(str(e)) from None
+    if quiet:
+        return trainer.run()
+    columns = [
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+    ]
+    with Progress(*columns, console=console, transient=False) as progress:
+        bar = progress.add_task(
+            f"{config.seeds} seeds", total=config.train.steps,
+            status="compiling…" if trainer.compiled else "",
+        )
+
+        def on_eval(report: EvalReport) -> None:
+            solved = solved_now(report, trainer.thresholds)
+            status = f"solved {solved}/{config.seeds}, diverged {int(report.diverged.sum())}"
+            progress.update(bar, completed=report.step, status=status)
+
+        return trainer.run(on_eval)
+
+
+def print_run_result(result: RunResult, console: Console) -> None:
+    """One configuration's outcome as a two-column table (readable in any terminal width)."""
+    a = result.aggregate
+    cfg = result.config
+    units = " → ".join(layer.unit for layer in cfg.layers())
+    op = getattr(cfg.task, "operation", None)
+    table = Table(title=f"{cfg.task.kind}{f' · {op}' if op else ''} · {units} · {a.n_seeds} seeds")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("success rate [95% CI]", f"{a.successes}/{a.n_seeds} = {a.success_rate:.0%} "
+                  f"[{a.success_ci_low:.0%}, {a.success_ci_high:.0%}]")
+    table.add_row("solved_at median", fmt_number(a.solved_at_median, ".0f"))
+    table.add_row("sparsity error (mean)", fmt_number(a.sparsity_error_mean))
+    table.add_row("diverged", str(a.diverged))
+    table.add_row("interpolation MSE (median)", fmt_number(a.interpolation_mse_median))
+    for name, thr in result.thresholds.items():
+        table.add_row(f"{name} MSE (median) / threshold",
+                      f"{fmt_number(a.extrapolation_mse_median.get(name))} / {thr:.3g}")
+    console.print(table)
+    rate = cfg.train.steps * a.n_seeds / max(result.elapsed_s, 1e-9)
+    console.print(f"{result.elapsed_s:.1f} s on {result.device}"
+                  f"{' (compiled)' if result.compiled else ''}: {rate:,.0f} seed·steps/s")

@@ -1,0 +1,61 @@
+"""What several verbs share: resolving and probing the tracking store, and the table cells
+and printing that ``status``, ``best``, ``validate`` and ``compare`` have in common."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from service.cli.app import console
+from service.errors import UserError
+
+TRACKING_HELP = ("MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the "
+                 "working directory).")
+
+
+def tracking_uri_of(option: Optional[str], must_exist: bool, probe: bool = True) -> str:
+    """The resolved tracking URI; a server it names must answer within the connect timeout
+    (`service.endpoints`), a local store must exist when ``must_exist``."""
+    from service.endpoints import check_tracking_uri
+    from service.tracking.store import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(option)
+    if probe:
+        check_tracking_uri(uri)
+    if must_exist and uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///"))
+        if not path.is_file():
+            raise UserError(f"no tracking store at {path}: run a sweep here first, or pass --tracking-uri")
+    return uri
+
+
+def open_client(uri: str):
+    from service.tracking.store import client
+
+    return client(uri)
+
+
+def success_cell(metrics: dict[str, float]) -> str:
+    """``3/4 [0.30, 0.95]``: successful seeds and the 95% Wilson interval of the rate."""
+    if "success_rate" not in metrics:
+        return "—"
+    if "successes" in metrics and "n_seeds" in metrics:
+        text = f"{int(metrics['successes'])}/{int(metrics['n_seeds'])}"
+    else:
+        text = f"{metrics['success_rate']:.0%}"
+    if "success_ci_low" in metrics and "success_ci_high" in metrics:
+        text += f" [{metrics['success_ci_low']:.2f}, {metrics['success_ci_high']:.2f}]"
+    return text
+
+
+def print_wide(renderable) -> None:
+    """Tables at full width when the output is a file or pipe (no terminal to fit)."""
+    if console.is_terminal:
+        console.print(renderable)
+        return
+    width = console.width
+    console.width = max(width, 200)
+    try:
+        console.print(renderable)
+    finally:
+        console.width = width

@@ -1,0 +1,55 @@
+"""How numbers and addresses are shown to people: one formatter for tables, boards and
+reports, and one redaction for URIs (a password never reaches a terminal, log or page)."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+MISSING = "—"
+
+
+def finite(value: Any) -> float | None:
+    """``value`` as a finite float, or ``None`` (missing, text, NaN, ±inf)."""
+    if isinstance(value, bool):
+        return float(value)
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def fmt_number(value: Any, spec: str = ".3g") -> str:
+    """A number for a table cell: ``format(value, spec)``, or ``—`` when it is not a finite
+    number."""
+    v = finite(value)
+    return MISSING if v is None else format(v, spec)
+
+
+def fmt_param(value: Any) -> str:
+    """A parameter value (a logged string or a Python value): numbers to 3 significant
+    digits, integers as they are, anything else as text; ``—`` when missing."""
+    if value is None:
+        return MISSING
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return format(value, ".3g") if math.isfinite(value) else str(value)
+    text = str(value)
+    if text.lstrip("-").isdigit():
+        return text
+    if any(ch.isdigit() for ch in text):
+        try:
+            return format(float(text), ".3g")
+        except ValueError:
+            return text
+    return text
+
+
+def redact(uri: str) -> str:
+    """``scheme://user:***@host/db``: a URI (or a message holding one) fit for messages and logs."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", uri)

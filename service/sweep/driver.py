@@ -1,0 +1,238 @@
+"""Run a sweep: Ray Tune schedules trials, Optuna (TPE) proposes them, MLflow records them.
+
+- `OptunaSearch` with a seeded TPE sampler over the define-by-run space, capped at
+  ``concurrency`` trials in flight (TPE proposes each new trial from the finished ones);
+  ``ASHAScheduler`` on the intermediate objective (or no scheduler); ``reuse_actors=True``
+  so trials do not pay a process start-up each; failed trials are retried
+  (``FailureConfig``).
+- A local Ray is started by default; ``address`` connects to a running cluster.
+- ``resume`` continues an interrupted sweep with ``Tuner.restore`` (the searcher's state is
+  restored with it, and the Optuna study is made to agree with it: `service.sweep.searcher`);
+  MLflow child runs left RUNNING by the crash are closed first, and a resumed trial reopens
+  its own run (see `service.tracking.runs.TrialRun`).
+- Trials checkpoint to the Tune storage (`service.sweep.trial_state`); a retried or
+  resumed trial continues from its latest checkpoint instead of starting over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from service.errors import UserError
+from service.scoring.objective import OBJECTIVE
+from service.search.sampler import DefineByRun
+from service.search.space import SearchSpace
+from service.sweep.cluster import check_resources, init_ray, quiet_libraries
+from service.sweep.display import (
+    LiveProgress,
+    SweepBoard,
+    register_board,
+    unregister_board,
+)
+from service.sweep.outcome import record_end, tune_trials
+from service.sweep.searcher import check_study, make_sampler, optuna_storage
+from service.sweep.trainable import TrialSettings, make_trainable
+from service.sweep.trial import task_params
+from service.tracking import runs, store
+from service.tracking.store import Outcome
+
+DEFAULT_STORAGE_DIR = "runs"
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """Where and how a sweep runs (the CLI's flags, resolved)."""
+
+    name: str
+    tracking_uri: str
+    storage_path: str
+    space_file: Path | None = None
+    address: str | None = None
+    resume: bool = False
+    verbose: bool = False
+    optuna_storage: str | None = None  # an RDB URL: keep the Optuna study there (name = the sweep's)
+
+
+@dataclass
+class SweepSummary:
+    name: str
+    experiment_id: str
+    parent_run_id: str
+    tracking_uri: str
+    storage_path: str
+    outcome: str
+    trials: dict[str, int]
+    best_objective: float | None
+
+
+def default_storage_path() -> str:
+    return str((Path.cwd() / DEFAULT_STORAGE_DIR).resolve())
+
+
+def resolve_storage_path(option: str | None) -> str:
+    """An absolute local path, or a URI (``s3://…``) as given."""
+    if not option:
+        return default_storage_path()
+    if "://" in option:
+        return option.rstrip("/")
+    return str(Path(option).expanduser().resolve())
+
+
+def experiment_path(storage_path: str, name: str) -> str:
+    return f"{storage_path.rstrip('/')}/{name}"
+
+
+# -- the trial, inside a Ray worker ------------------------------------------------------------------
+
+
+# -- the driver -----------------------------------------------------------------------------------------
+
+
+def _trial_name(trial: Any) -> str:
+    return f"trial-{trial.trial_id}"
+
+
+def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any):
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+
+    from service.sweep.searcher import ResumableOptunaSearch
+
+    study: dict[str, Any] = {}
+    if options.optuna_storage:
+        study = {"storage": optuna_storage(options.optuna_storage), "study_name": options.name}
+    searcher = ResumableOptunaSearch(space=DefineByRun(space), metric=OBJECTIVE, mode="max",
+                                     sampler=make_sampler(space), **study)
+    if space.scheduler.type == "asha":
+        scheduler = ASHAScheduler(
+            time_attr="training_iteration", metric=OBJECTIVE, mode="max",
+            max_t=space.total_reports(), grace_period=space.grace_reports(),
+            reduction_factor=space.scheduler.reduction_factor, brackets=space.scheduler.brackets,
+        )
+    else:
+        scheduler = FIFOScheduler()
+    resources = {"cpu": space.resources.cpus, "gpu": space.resources.gpus}
+    return tune.Tuner(
+        tune.with_resources(trainable, resources),
+        tune_config=tune.TuneConfig(
+            search_alg=searcher, scheduler=scheduler, num_samples=space.trials,
+            max_concurrent_trials=space.concurrency, reuse_actors=True,
+            trial_name_creator=_trial_name, trial_dirname_creator=_trial_name,
+        ),
+        run_config=tune.RunConfig(
+            name=options.name, storage_path=options.storage_path, verbose=0,
+            failure_config=tune.FailureConfig(max_failures=space.retries),
+            # a retried or resumed trial needs only its latest checkpoint
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+            callbacks=[LiveProgress(options.name)],
+        ),
+    )
+
+
+def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None = None) -> SweepSummary:
+    """Run (or resume) the sweep and record it; returns counts and the best objective.
+
+    Everything that can be checked is checked before anything is written: the MLflow store
+    answers, a new sweep's name is free (or a resumed one exists, with the same spec), Ray
+    is reachable and has the resources one trial asks for.
+    """
+    console = console or Console()
+    quiet_libraries(options.verbose)
+    client = store.client(options.tracking_uri)
+    try:
+        experiment = store.retry(lambda: client.get_experiment_by_name(options.name))
+        parent = runs.find_sweep_run(client, experiment.experiment_id, options.name) if experiment else None
+    except Exception as e:  # noqa: BLE001 - an unreachable or broken tracking store
+        raise UserError(f"cannot use the MLflow tracking store {options.tracking_uri}: {e}") from None
+    exp_path = experiment_path(options.storage_path, options.name)
+
+    from ray import tune
+
+    restorable = tune.Tuner.can_restore(exp_path)
+    if options.resume:
+        if not restorable:
+            raise UserError(f"nothing to resume: no Tune experiment at {exp_path} "
+                            "(use the same --storage-path and --name as the original sweep)")
+        if parent is None:
+            raise UserError(f"nothing to resume in {options.tracking_uri}: sweep {options.name!r} has no "
+                            "MLflow run there (use the same --tracking-uri as the original sweep)")
+        old_hash = parent.data.tags.get(store.TAG_SPACE_HASH)
+        if old_hash and old_hash != space.spec_hash():
+            raise UserError(f"the search space of sweep {options.name!r} changed since it started "
+                            f"(hash {old_hash} → {space.spec_hash()}); resume with the same file and flags")
+    elif parent is not None or restorable:
+        raise UserError(f"sweep {options.name!r} already exists (in {options.tracking_uri} or at {exp_path}); "
+                        f"continue it with --resume, or start a new one with --name {options.name}-2")
+
+    check_study(options)
+    started_ray = init_ray(options.address, options.verbose)
+    try:
+        check_resources(space)
+        return _run(space, options, console, client, parent, exp_path)
+    finally:
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _run(space: SearchSpace, options: SweepOptions, console: Console, client: Any, parent: Any,
+         exp_path: str) -> SweepSummary:
+    from ray import tune
+
+    experiment_id = store.ensure_experiment(client, options.name, options.tracking_uri)
+    if options.resume:
+        parent_run_id = parent.info.run_id
+        closed = runs.close_stale_trial_runs(client, experiment_id, parent_run_id)
+        runs.reopen_sweep_run(client, parent_run_id)
+        if closed:
+            console.print(f"closed {len(closed)} trial run(s) left running by the interruption")
+    else:
+        parent_run_id = runs.start_sweep_run(
+            client, experiment_id, options.name, space_file=options.space_file,
+            spec_json=space.spec_json(), spec_hash=space.spec_hash(), storage_path=exp_path,
+            params={"trials": space.trials, "seeds": space.seeds, "steps": space.steps,
+                    "eval_every": space.eval_every, "concurrency": space.concurrency,
+                    "scheduler": space.scheduler.type, "objective": space.objective,
+                    "sampler": space.sampler.type, "cpus_per_trial": space.resources.cpus,
+                    "gpus_per_trial": space.resources.gpus,
+                    "searched": ", ".join(space.params) or "(none)", "tasks": ", ".join(space.task_configs())},
+        )
+    settings = TrialSettings(
+        space=space.model_dump(mode="json"), task_params=task_params(space), sweep=options.name,
+        tracking_uri=options.tracking_uri, experiment_id=experiment_id, parent_run_id=parent_run_id,
+        threads=max(1, int(space.resources.cpus)) if space.resources.gpus == 0 else 1,
+    )
+    board = SweepBoard(options.name, space.trials, space.steps * len(space.task_configs()), console)
+    register_board(board)
+    outcome = Outcome.FAILED
+    grid = None
+    try:
+        trainable = make_trainable(settings)
+        if options.resume:
+            tuner = tune.Tuner.restore(exp_path, trainable=tune.with_resources(
+                trainable, {"cpu": space.resources.cpus, "gpu": space.resources.gpus}),
+                resume_unfinished=True, resume_errored=True)
+        else:
+            tuner = _tuner(space, options, trainable)
+        board.start()
+        from service.tracking.system_metrics import system_metrics
+
+        with system_metrics(parent_run_id, options.tracking_uri):
+            grid = tuner.fit()
+        outcome = Outcome.COMPLETED
+    except KeyboardInterrupt:
+        outcome = Outcome.INTERRUPTED
+        raise
+    finally:
+        board.stop()
+        unregister_board(board)
+        trials = tune_trials(grid, board, space.steps * len(space.task_configs()))
+        counts, best, outcome = record_end(client, options, experiment_id, parent_run_id, trials, outcome,
+                                            space.trials)
+    return SweepSummary(options.name, experiment_id, parent_run_id, options.tracking_uri,
+                        exp_path, outcome, counts, best)

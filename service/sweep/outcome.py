@@ -1,0 +1,117 @@
+"""The end of a sweep: make MLflow agree with what Tune saw, count the trials by outcome
+and close the parent run, waiting out a tracking server that is away."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from service.errors import UserError
+from service.formatting import redact
+from service.scoring.objective import OBJECTIVE
+from service.sweep.trial import STEP, is_metric_key
+from service.tracking import runs, store
+from service.tracking.store import Outcome
+
+if TYPE_CHECKING:
+    from service.sweep.display import SweepBoard
+    from service.sweep.driver import SweepOptions
+
+def trial_counts(client: Any, experiment_id: str, parent_run_id: str) -> tuple[dict[str, int], float | None]:
+    counts = Outcome.counts()
+    best = None
+    for run in runs.trial_runs(client, experiment_id, parent_run_id):
+        outcome = run.data.tags.get(store.TAG_OUTCOME, Outcome.RUNNING)
+        counts[outcome] = counts.get(outcome, 0) + 1
+        value = run.data.metrics.get(OBJECTIVE)
+        if outcome == Outcome.COMPLETED and value is not None and (best is None or value > best):
+            best = value
+    return counts, best
+
+
+@dataclass
+class TuneTrial:
+    """What Tune knows of one trial at the end of `fit`: its last result and final state."""
+
+    state: str  # done, pruned, failed, running
+    last_result: dict[str, Any]
+
+
+def tune_trials(grid: Any, board: SweepBoard, total_steps: int) -> dict[str, TuneTrial]:
+    """Every trial of the (possibly restored) Tune experiment, by trial id: the board's view
+    for trials run by this process, the result grid's for those finished before a restart."""
+    out: dict[str, TuneTrial] = {}
+    for result in grid or []:
+        trial_id = Path(str(result.path)).name.removeprefix("trial-")
+        metrics = dict(result.metrics or {})
+        if result.error is not None:
+            state = "failed"
+        else:
+            state = "done" if float(metrics.get(STEP, 0) or 0) >= total_steps else "pruned"
+        out[trial_id] = TuneTrial(state, metrics)
+    for trial_id, line in board.trials.items():
+        if line.state != "pending":
+            out[trial_id] = TuneTrial(line.state, dict(line.last_result) or out.get(trial_id, TuneTrial("", {})).last_result)
+    return out
+
+
+def settle_trial_runs(client: Any, experiment_id: str, parent_run_id: str,
+                       trials: dict[str, TuneTrial], complete: bool) -> None:
+    """Make MLflow agree with Tune once `fit` is over.
+
+    A child run still RUNNING (or closed as ``interrupted`` when a resume began) whose trial
+    Tune saw finish was stopped before its own ``finally`` ran (Tune does not wait for a
+    stopped trial's thread, nor for a killed driver's): close it as Tune reports it
+    (pruned / failed / completed). Runs of trials unknown to Tune were started just before a
+    crash, after Tune last saved its state: the restored sweep never runs them, so once
+    the sweep is complete they are deleted rather than left as phantom trials.
+    """
+    outcomes = {"done": Outcome.COMPLETED, "pruned": Outcome.PRUNED, "failed": Outcome.FAILED}
+    for run in runs.trial_runs(client, experiment_id, parent_run_id):
+        open_run = run.info.status in ("RUNNING", "SCHEDULED")
+        interrupted = run.data.tags.get(store.TAG_OUTCOME) == Outcome.INTERRUPTED
+        if not (open_run or interrupted):
+            continue
+        trial = trials.get(run.data.tags.get(store.TAG_TRIAL_KEY, ""))
+        if trial is not None and trial.state in outcomes:
+            result = {k: v for k, v in trial.last_result.items() if is_metric_key(k)}
+            runs.settle_trial_run(client, run.info.run_id, outcomes[trial.state], result,
+                                  int(trial.last_result.get(STEP, 0) or 0))
+        elif trial is None and complete:
+            store.retry(lambda: client.delete_run(run.info.run_id))
+        elif open_run:
+            runs.settle_trial_run(client, run.info.run_id, Outcome.INTERRUPTED)
+
+
+def record_end(client: Any, options: SweepOptions, experiment_id: str, parent_run_id: str,
+                trials: dict[str, TuneTrial], outcome: str, planned: int) -> tuple[dict[str, int], float | None, str]:
+    """Settle the trial runs and close the parent run; returns the counts, the best
+    objective and the sweep's outcome. A tracking server that is away when the sweep ends
+    is waited for (with backoff, up to the spool's patience) rather than leaving the sweep
+    half-recorded; every step here is idempotent, so a retry repeats it from the start."""
+    from service.tracking.spool import patience_s
+
+    def record() -> tuple[dict[str, int], float | None, str]:
+        settle_trial_runs(client, experiment_id, parent_run_id, trials, complete=outcome == Outcome.COMPLETED)
+        counts, best = trial_counts(client, experiment_id, parent_run_id)
+        finished = counts["completed"] + counts["pruned"] + counts["failed"]
+        final = Outcome.INTERRUPTED if outcome == Outcome.COMPLETED and finished < planned else outcome
+        runs.finish_sweep_run(client, parent_run_id, final, {
+            "trials_completed": counts["completed"], "trials_pruned": counts["pruned"],
+            "trials_failed": counts["failed"], **({"best_objective": best} if best is not None else {}),
+        })
+        return counts, best, final
+
+    patience = patience_s()
+    try:
+        return store.retry(record, attempts=1, patience_s=patience)
+    except Exception as e:  # noqa: BLE001 - still unreachable after waiting
+        if not store.is_transient(e):
+            raise
+        raise UserError(
+            f"the MLflow tracking store {redact(options.tracking_uri)} did not answer for {patience:.0f} s "
+            f"when the sweep ended ({type(e).__name__}); the trials' results are in it or in the local spool "
+            f"(upload with: python -m service.tracking.spool upload). Once it is back, run the same command "
+            f"with --resume to record the sweep's end") from None
+

@@ -1,0 +1,127 @@
+"""The Optuna side of a sweep: the seeded sampler, the study's storage, and a searcher that
+keeps the study consistent with what Tune restores when a sweep resumes.
+
+Tune saves its trials and the searcher together, every few seconds; a driver killed in
+between leaves the Optuna study (in a database: ``--optuna-storage``) a little ahead of
+that snapshot:
+
+- a trial asked just before the kill is RUNNING in the study but unknown to the restored
+  searcher: nothing will ever finish it, so `fail_abandoned_trials` marks it FAIL;
+- a trial that finished just before the kill is COMPLETE in the study but still running in
+  Tune's snapshot: Tune runs it again from its checkpoint, and its reports and final
+  ``tell`` hit a finished Optuna trial (`optuna.exceptions.UpdateFinishedTrialError`).
+  The study already holds its result: `ResumableOptunaSearch` ignores the repeat.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Iterable
+
+from ray.tune.search.optuna import OptunaSearch
+
+from service.errors import UserError
+from service.formatting import redact
+
+if TYPE_CHECKING:
+    from service.search.space import SearchSpace
+    from service.sweep.driver import SweepOptions
+
+logger = logging.getLogger(__name__)
+
+
+def fail_abandoned_trials(study: Any, known: Iterable[int]) -> list[int]:
+    """Mark FAIL every RUNNING trial of ``study`` whose number is not in ``known`` (the
+    trials the restored searcher will finish); returns the numbers marked."""
+    import optuna
+
+    keep = set(known)
+    running = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+    failed = []
+    for trial in running:
+        if trial.number not in keep:
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            failed.append(trial.number)
+    return failed
+
+
+RUN_CONFIGS = "__run_configs__"
+"""Key of a Tune trial's config that holds its ``{task: RunConfig}``, built in the driver."""
+
+
+class ResumableOptunaSearch(OptunaSearch):
+    """`OptunaSearch` that survives being restored from a snapshot older than its study,
+    and hands each trial its run configs, built once here in the driver from the space the
+    define-by-run function holds (`service.search.sampler.DefineByRun`): a worker trains
+    what it is given instead of rebuilding and re-checking the space."""
+
+    def suggest(self, trial_id: str) -> dict | None:
+        from service.search.assign import active_params, run_configs
+
+        config = super().suggest(trial_id)
+        space = getattr(self._space, "space", None)
+        if isinstance(config, dict) and space is not None:
+            params = active_params(space, {k: v for k, v in config.items() if k in space.params})
+            config = {**config, RUN_CONFIGS: run_configs(space, params)}
+        return config
+
+    def restore(self, checkpoint_path: str) -> None:
+        super().restore(checkpoint_path)
+        known = [t.number for t in self._ot_trials.values()]
+        failed = fail_abandoned_trials(self._ot_study, known)
+        if failed:
+            logger.warning("Optuna trial(s) %s were started by the interrupted driver after Tune's "
+                           "last snapshot; marked FAIL", failed)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        try:
+            super().on_trial_result(trial_id, result)
+        except UpdateFinishedTrialError:
+            pass  # finished before the driver died: the study keeps its first result
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        ot_trial = self._ot_trials.get(trial_id)
+        if ot_trial is not None and ot_trial.storage.get_trial(ot_trial._trial_id).state.is_finished():
+            self._completed_trials.add(trial_id)  # told before the driver died
+            return
+        super().on_trial_complete(trial_id, result, error)
+
+
+def make_sampler(space: SearchSpace):
+    """The seeded Optuna sampler named by the space (TPE by default)."""
+    import optuna
+
+    seed = space.sampler.seed
+    if space.sampler.type == "grid":
+        return optuna.samplers.GridSampler(space.grid(), seed=seed)
+    if space.sampler.type == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed)
+
+
+def optuna_storage(url: str):
+    """An Optuna RDB storage (``postgresql+psycopg://…``, ``sqlite:///…``) for the study."""
+    import optuna
+
+    try:
+        return optuna.storages.RDBStorage(url, heartbeat_interval=None)
+    except ModuleNotFoundError as e:
+        raise UserError(f"--optuna-storage {redact(url)}: missing driver ({e}); for PostgreSQL "
+                        "install the 'postgres' extra: pip install 'nalu-sweep[postgres]'") from None
+    except Exception as e:  # noqa: BLE001 - unreachable database, bad URL, ...
+        raise UserError(f"cannot use the Optuna storage {redact(url)}: {e}") from None
+
+
+def check_study(options: SweepOptions) -> None:
+    """A new sweep must not silently continue an old study of the same name (Tune's
+    OptunaSearch loads an existing study); a resumed one keeps Tune's restored searcher."""
+    if not options.optuna_storage or options.resume:
+        return
+    storage = optuna_storage(options.optuna_storage)
+    names = {s.study_name for s in storage.get_all_studies()}
+    if options.name in names:
+        raise UserError(f"an Optuna study named {options.name!r} already exists in "
+                        f"{redact(options.optuna_storage)}; start a new sweep with --name {options.name}-2")
+

@@ -1,1 +1,0 @@
-"""The session's Ray (`ray_address`) lives in tests/conftest.py, shared with tests/report."""

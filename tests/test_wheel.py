@@ -1,0 +1,57 @@
+"""A non-editable install works: the wheel ships every file the package reads at run time
+(the report's dashboard definition, the C sources of the native kernels), and nothing
+finds files through the source checkout.
+
+The wheel is built without build isolation (no download) and installed without its
+dependencies into a fresh virtual environment that sees this interpreter's packages
+(torch, Ray, MLflow are large); its own ``service`` shadows the editable checkout, which
+the test asserts before running ``nalu-sweep run`` from it, outside the repository.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _run(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    result = subprocess.run(list(args), cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, f"{args}: exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_and_trains_outside_the_checkout(tmp_path):
+    dist = tmp_path / "dist"
+    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(REPO),
+         cwd=tmp_path)
+    wheel = next(dist.glob("nalu_sweep-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "service/report/dashboard.yaml" in names
+    shipped_c = [n for n in names if n.endswith(".c")]
+    in_tree = sorted(str(p.relative_to(REPO)) for p in (REPO / "service").rglob("*.c"))
+    assert sorted(shipped_c) == in_tree, "every C source of the package must be in the wheel"
+
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", "--system-site-packages", str(venv), cwd=tmp_path)
+    python = venv / "bin" / "python"
+    _run(str(python), "-m", "pip", "install", "--no-deps", "--no-index", str(wheel), cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["NALU_SWEEP_CACHE"] = str(tmp_path / "kernel-cache")  # a fresh build from the shipped sources
+    where = _run(str(python), "-c", "import service; print(service.__file__)", cwd=tmp_path, env=env).stdout
+    assert str(venv) in where, f"the installed package must be the wheel's, not the checkout: {where}"
+
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+    _run(str(venv / "bin" / "nalu-sweep"), "run", "--task", "small_mul", "--seeds", "2", "--steps", "20",
+         "--eval-every", "10", "--quiet", "--output", "result.json", cwd=workdir, env=env)
+    result = json.loads((workdir / "result.json").read_text())
+    assert len(result["seeds"]) == 2
