@@ -9,26 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from service.errors import UserError
 from service.formatting import redact
-from service.scoring.objective import OBJECTIVE
 from service.sweep.trial import STEP, is_metric_key
 from service.tracking import runs, store
+from service.tracking.queries import tally, trial_rows
 from service.tracking.store import Outcome
 
 if TYPE_CHECKING:
     from service.sweep.display import SweepBoard
     from service.sweep.driver import SweepOptions
-
-def trial_counts(client: Any, experiment_id: str, parent_run_id: str) -> tuple[dict[str, int], float | None]:
-    counts = Outcome.counts()
-    best = None
-    for run in runs.trial_runs(client, experiment_id, parent_run_id):
-        outcome = run.data.tags.get(store.TAG_OUTCOME, Outcome.RUNNING)
-        counts[outcome] = counts.get(outcome, 0) + 1
-        value = run.data.metrics.get(OBJECTIVE)
-        if outcome == Outcome.COMPLETED and value is not None and (best is None or value > best):
-            best = value
-    return counts, best
-
 
 @dataclass
 class TuneTrial:
@@ -94,7 +82,7 @@ def record_end(client: Any, options: SweepOptions, experiment_id: str, parent_ru
 
     def record() -> tuple[dict[str, int], float | None, str]:
         settle_trial_runs(client, experiment_id, parent_run_id, trials, complete=outcome == Outcome.COMPLETED)
-        counts, best = trial_counts(client, experiment_id, parent_run_id)
+        counts, best = tally(trial_rows(client, experiment_id, parent_run_id))
         finished = counts["completed"] + counts["pruned"] + counts["failed"]
         final = Outcome.INTERRUPTED if outcome == Outcome.COMPLETED and finished < planned else outcome
         runs.finish_sweep_run(client, parent_run_id, final, {

@@ -6,7 +6,7 @@ import json
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from service.errors import UserError
 from service.scoring.objective import OBJECTIVE
@@ -55,17 +55,31 @@ class SweepView:
         return int(value) if value and value.isdigit() else None
 
     def counts(self) -> dict[str, int]:
-        out = Outcome.counts()
-        for t in self.trials:
-            key = Outcome.RUNNING if t.status == "RUNNING" else (t.outcome or Outcome.RUNNING)
-            out[key] = out.get(key, 0) + 1
-        return out
+        return tally(self.trials)[0]
 
     def ranked(self, include_pruned: bool = False) -> list[TrialRow]:
         """Finished trials by objective, best first (pruned ones only if asked)."""
         keep = (Outcome.COMPLETED, Outcome.PRUNED) if include_pruned else (Outcome.COMPLETED,)
         rows = [t for t in self.trials if t.outcome in keep and t.objective is not None]
         return sorted(rows, key=lambda t: (t.objective, t.outcome == Outcome.COMPLETED), reverse=True)
+
+
+def tally(trials: Iterable[TrialRow]) -> tuple[dict[str, int], float | None]:
+    """Trials by outcome (a run still RUNNING counts as running whatever its tag says) and
+    the best objective of the completed ones."""
+    counts, best = Outcome.counts(), None
+    for t in trials:
+        key = Outcome.RUNNING if t.status == "RUNNING" else (t.outcome or Outcome.RUNNING)
+        counts[key] = counts.get(key, 0) + 1
+        if key == Outcome.COMPLETED and t.objective is not None and (best is None or t.objective > best):
+            best = t.objective
+    return counts, best
+
+
+def trial_rows(client: Any, experiment_id: str, parent_run_id: str) -> list[TrialRow]:
+    """The trial runs of a sweep's parent run, oldest first."""
+    return sorted((_trial_row(r) for r in runs.trial_runs(client, experiment_id, parent_run_id)),
+                  key=lambda t: t.start_time or 0)
 
 
 def _trial_row(run: Any) -> TrialRow:
@@ -84,8 +98,7 @@ def _view(client: Any, experiment_id: str, parent: Any, with_trials: bool) -> Sw
         tags=dict(parent.data.tags), start_time=parent.info.start_time,
     )
     if with_trials:
-        view.trials = sorted((_trial_row(r) for r in runs.trial_runs(client, experiment_id, parent.info.run_id)),
-                             key=lambda t: t.start_time or 0)
+        view.trials = trial_rows(client, experiment_id, parent.info.run_id)
     return view
 
 
