@@ -2,10 +2,13 @@
 # the Ray workers, the MLflow server and the optional optuna-dashboard (docker-compose.yml).
 #
 #   docker build -t nalu-sweep .
-#   docker build --build-arg BASE_IMAGE=pytorch/pytorch:<tag> -t nalu-sweep .   # another CUDA/torch
+#   docker build --build-arg BASE_IMAGE=pytorch/pytorch:<tag> -t nalu-sweep .   # another CUDA
 #
-# The base's torch is kept: pip sees the requirement satisfied and does not replace it.
-ARG BASE_IMAGE=pytorch/pytorch:2.8.0-cuda12.8-cudnn9-runtime
+# The base's torch is kept: pip sees the requirement satisfied and does not replace it. So
+# the base's torch must lie in pyproject.toml's range (torch 2.13.x, the release CI tests;
+# tests/cluster/test_compose.py checks the default): a base outside it gets its torch
+# replaced by PyPI's build of the allowed release.
+ARG BASE_IMAGE=pytorch/pytorch:2.13.0-cuda12.6-cudnn9-runtime
 FROM ${BASE_IMAGE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \

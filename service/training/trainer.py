@@ -127,7 +127,10 @@ class Trainer:
             # One graph for the whole step: forward, the gradient and the update. Dynamo
             # traces `torch.autograd.grad` only with this flag (else it breaks the graph
             # there); it is read when a graph is traced, so it is set for the process.
-            torch._dynamo.config.trace_autograd_ops = True
+            # The key first exists in torch 2.11: an older torch (outside the tested range
+            # of pyproject.toml) compiles with a graph break there instead of crashing.
+            if hasattr(torch._dynamo.config, "trace_autograd_ops"):
+                torch._dynamo.config.trace_autograd_ops = True
             self._step = torch.compile(self._step_eager, dynamic=False)
             if self.device.type == "cpu":  # the graph allocates its batch afresh each step:
                 native.retain_freed_memory()  # keep glibc from unmapping it (page faults)

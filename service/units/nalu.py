@@ -1,8 +1,10 @@
 """Neural Arithmetic Logic Unit (Trask et al., 2018) and the variants of SPEC.md §1.
 
-``z = g ⊙ a + (1 − g) ⊙ m`` with ``a = NAC+(x) = W_a x`` and ``m`` the multiplicative path:
-NAC• ``exp(W_m log̃(x))`` (optionally times the iNALU sign ``Π_i (sign(x_i)|W_m,i| + 1 −
-|W_m,i|)``) or an NMU ``Π_i (W_m,i x_i + 1 − W_m,i)``.
+``z = g ⊙ a + (1 − g) ⊙ m`` with ``a = W_a x`` the additive path (NAC+, ``W_a = tanh(Ŵ) ⊙
+σ(M̂)``, or NAU, ``W_a`` clamped to [−1, 1]) and ``m`` the multiplicative path: NAC•
+``exp(W_m log̃(x))`` (optionally times the iNALU sign ``Π_i (sign(x_i)|W_m,i| + 1 −
+|W_m,i|)``) or an NMU ``Π_i (W_m,i x_i + 1 − W_m,i)``. ``add_unit: nau`` with ``mul_unit:
+nmu`` is the gated NAU/NMU of the NAU paper.
 
 - ``weights``: ``shared`` (W_m = W_a, the paper's NALU) or ``independent``.
 - ``gate``: ``standard`` σ(G x); ``bias`` σ(G x + β); ``input_independent`` σ(β);
@@ -16,14 +18,22 @@ NAC• ``exp(W_m log̃(x))`` (optionally times the iNALU sign ``Π_i (sign(x_i)|
 - ``log`` (NAC• path): ``eps`` log(|x| + ε); ``safe`` log(|x − 1| + 1); ``relu``
   log(max(0, x − 1) + 1). The latter two equal log x for x ≥ 1 and avoid log 0.
 - ``mul_unit``: ``nac_mul`` or ``nmu`` (needs independent weights: an NMU's W lives in [0, 1]).
+- ``add_unit``: ``nac_add`` or ``nau`` (implies independent weights: an unset ``weights``
+  becomes ``independent``, an explicit ``shared`` is an error).
 
-Init: NAC weights as `nac_init_range`; NMU U[0.25, 0.75]; G Xavier uniform; β =
-``gate_bias_init``. A non-default initialisation replaces the NAC/NMU weights' init only.
+An NAU or NMU path is what the unit of that name is: clamped after every optimiser step
+(`clamp_`), with its sparsity regulariser; the layer's regulariser (and out-of-bounds
+penalty) is the sum of its NAU and NMU paths' (each a mean over that path's weights). A
+NAC path has none.
+
+Init: NAC weights as `nac_init_range`; NAU U[−r, r] (`nau_init_range`); NMU U[0.25, 0.75];
+G Xavier uniform; β = ``gate_bias_init``. A non-default initialisation replaces the
+NAC/NAU/NMU weights' init only.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -32,12 +42,8 @@ from torch import Tensor
 from service import rng
 from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
 from service.units.linear import linear_forward, xavier_uniform_
-from service.units.nac import (
-    nac_init_range,
-    nac_mul_forward,
-    nac_weight,
-    saturated_nac_params,
-)
+from service.units.nac import nac_init_range, nac_mul_forward, nac_weight, saturated_nac_params
+from service.units.nau import nau_init_range, nau_oob_penalty, nau_regularizer
 from service.units.nmu import (
     check_selection_weights,
     nmu_forward,
@@ -89,14 +95,27 @@ class NALUOptions(UnitOptions):
     gate_bias_init: float = Field(0.0, description="initial β of the bias/input_independent gate")
     log: LogKind = Field("eps", description="logarithm of the NAC• path (unused with nmu)")
     mul_unit: Literal["nac_mul", "nmu"] = Field("nac_mul", description="multiplicative path")
+    add_unit: Literal["nac_add", "nau"] = Field(
+        "nac_add", description="additive path; 'nau' implies weights='independent' "
+        "(with mul_unit='nmu': the NAU paper's gated NAU/NMU)")
     sign_correction: bool = Field(
         False, description="iNALU sign recovery on the NAC• path (an NMU keeps signs itself)")
     epsilon: float = Field(1e-7, gt=0, description="ε of the 'eps' logarithm")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nau_has_its_own_weights(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("add_unit") == "nau" and "weights" not in data:
+            return {**data, "weights": "independent"}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "NALUOptions":
         if self.tau_t1 <= self.tau_t0:
             raise ValueError(f"tau_t1 ({self.tau_t1}) must be > tau_t0 ({self.tau_t0})")
+        if self.weights == "shared" and self.add_unit == "nau":
+            raise ValueError("add_unit='nau' has its own weights: weights='shared' contradicts "
+                             "it (leave weights out or set it to 'independent')")
         if self.weights == "shared" and self.mul_unit == "nmu":
             raise ValueError("mul_unit='nmu' needs weights='independent' "
                              "(an NMU's weights live in [0, 1], a NAC's in [-1, 1])")
@@ -115,10 +134,10 @@ class NALU(Unit):
     """``nalu``: z = g a + (1 − g) m with the variants of `NALUOptions`.
 
     Parameters (``[S, out, in]`` unless noted): ``add_w_hat``, ``add_m_hat`` (NAC+, also the
-    NAC• path when shared); ``mul_w_hat``, ``mul_m_hat`` (independent NAC•) or
-    ``mul_weight`` (NMU); ``gate_weight`` G (not for input_independent); ``gate_bias`` β
-    ``[S, out]`` (bias and input_independent). Exact for ``add`` and ``mul`` with positive
-    inputs (the gate is saturated through G and β).
+    NAC• path when shared) or ``nau_weight`` (NAU); ``mul_w_hat``, ``mul_m_hat``
+    (independent NAC•) or ``mul_weight`` (NMU); ``gate_weight`` G (not for
+    input_independent); ``gate_bias`` β ``[S, out]`` (bias and input_independent). Exact
+    for ``add`` and ``mul`` with positive inputs (the gate is saturated through G and β).
     """
 
     name = "nalu"
@@ -130,13 +149,17 @@ class NALU(Unit):
         o = self.options
         self._shared = o.weights == "shared"
         self._nmu = o.mul_unit == "nmu"
+        self._nau = o.add_unit == "nau"
         self._gate = o.gate
         self._temperature = o.temperature
         self._log: LogKind = o.log
         self._sign = o.sign_correction and not self._nmu
         shape = (self.out_features, self.in_features)
-        self.add_w_hat = self.seed_parameter(*shape)
-        self.add_m_hat = self.seed_parameter(*shape)
+        if self._nau:
+            self.nau_weight = self.seed_parameter(*shape)
+        else:
+            self.add_w_hat = self.seed_parameter(*shape)
+            self.add_m_hat = self.seed_parameter(*shape)
         if self._nmu:
             self.mul_weight = self.seed_parameter(*shape)
         elif not self._shared:
@@ -154,7 +177,11 @@ class NALU(Unit):
         def nac_init(w: Tensor, g: torch.Generator) -> Tensor:
             return w.uniform_(-r, r, generator=g)
 
-        nac = [self.add_w_hat, self.add_m_hat]
+        if self._nau:
+            r_nau = nau_init_range(self.in_features, self.out_features)
+            self.fill_weight_(self.nau_weight.data[k], generator,
+                              lambda w, g: w.uniform_(-r_nau, r_nau, generator=g))
+        nac = [] if self._nau else [self.add_w_hat, self.add_m_hat]
         if not self._shared and not self._nmu:
             nac += [self.mul_w_hat, self.mul_m_hat]
         for p in nac:
@@ -168,6 +195,9 @@ class NALU(Unit):
 
     # -- the maths ----------------------------------------------------------------------
     def add_weight(self) -> Tensor:
+        """The additive path's effective W (NAC+ weight or NAU weight)."""
+        if self._nau:
+            return self.nau_weight
         return nac_weight(self.add_w_hat, self.add_m_hat)
 
     def mul_weight_matrix(self) -> Tensor:
@@ -224,15 +254,27 @@ class NALU(Unit):
 
     # -- regularisers and constraints ------------------------------------------------------
     def regularizer(self) -> Tensor:
-        """The NMU path's ``mean(min(W, 1 − W))``; zero for a NAC• path (no regulariser)."""
-        return nmu_regularizer(self.mul_weight) if self._nmu else self._zeros()
+        """The NAU path's ``mean(min(|W|, 1 − |W|))`` plus the NMU path's ``mean(min(W, 1 −
+        W))``, each over its own weights; a NAC path adds nothing (no regulariser)."""
+        return self._sum_over_paths(nau_regularizer, nmu_regularizer)
 
     def oob_penalty(self) -> Tensor:
-        return nmu_oob_penalty(self.mul_weight) if self._nmu else self._zeros()
+        return self._sum_over_paths(nau_oob_penalty, nmu_oob_penalty)
+
+    def _sum_over_paths(self, on_nau, on_nmu) -> Tensor:
+        """``on_nau(W_add)`` for an NAU add path plus ``on_nmu(W_mul)`` for an NMU mul path
+        (per seed ``[S]``); zeros when neither path is one."""
+        terms = ([on_nau(self.nau_weight)] if self._nau else []) + (
+            [on_nmu(self.mul_weight)] if self._nmu else [])
+        if not terms:
+            return self._zeros()
+        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
 
     def clamp_(self) -> None:
-        if self._nmu:
-            with torch.no_grad():
+        with torch.no_grad():
+            if self._nau:
+                self.nau_weight.clamp_(-1.0, 1.0)
+            if self._nmu:
                 self.mul_weight.clamp_(0.0, 1.0)
 
     def weight_matrices(self) -> dict[str, Tensor]:
@@ -243,16 +285,20 @@ class NALU(Unit):
     def load_exact_(self, weights: Tensor, mode: ExactMode) -> None:
         if mode not in ("add", "mul"):
             super().load_exact_(weights, mode)
-        if mode == "add" or (mode == "mul" and self._shared):
+        if mode == "add" and self._nau:
+            if weights.abs().max() > 1:
+                raise ValueError("NAU weights must lie in [-1, 1]")
+            target = self.nau_weight
+        elif mode == "add" or (mode == "mul" and self._shared):
             target = (self.add_w_hat, self.add_m_hat)
         elif self._nmu:
             check_selection_weights(weights)
-            target = None
+            target = self.mul_weight
         else:
             target = (self.mul_w_hat, self.mul_m_hat)
         with torch.no_grad():
-            if target is None:
-                self.mul_weight.copy_(weights.to(self.mul_weight).expand_as(self.mul_weight))
+            if isinstance(target, Tensor):  # an NAU or NMU path holds W itself
+                target.copy_(weights.to(target).expand_as(target))
             else:
                 for p, v in zip(target, saturated_nac_params(weights)):
                     p.copy_(v.to(p).expand_as(p))
@@ -266,4 +312,5 @@ class NALU(Unit):
         o = self.options
         return (f"{self.in_features}->{self.out_features}, S={self.num_seeds}, "
                 f"weights={o.weights}, gate={o.gate}, temperature={o.temperature}, "
-                f"log={o.log}, mul_unit={o.mul_unit}, sign_correction={o.sign_correction}")
+                f"log={o.log}, add_unit={o.add_unit}, mul_unit={o.mul_unit}, "
+                f"sign_correction={o.sign_correction}")

@@ -23,6 +23,16 @@ def nau_init_range(fan_in: int, fan_out: int) -> float:
     return min(0.5, math.sqrt(3.0) * math.sqrt(2.0 / (fan_in + fan_out)))
 
 
+def nau_regularizer(w: Tensor) -> Tensor:
+    """``mean(min(|W|, 1 − |W|))`` per seed."""
+    return mean_distance_to_bounds(w.abs())
+
+
+def nau_oob_penalty(w: Tensor) -> Tensor:
+    """``mean(relu(|W| − 1))``: how far weights lie outside [−1, 1], per seed."""
+    return torch.relu(w.abs() - 1).flatten(1).mean(1)
+
+
 @register
 class NAU(Unit):
     """``nau``: z = W x, W ∈ [−1, 1]. Exact for ``add`` with W ∈ [−1, 1]."""
@@ -43,11 +53,10 @@ class NAU(Unit):
         return linear_forward(x, self.weight)
 
     def regularizer(self) -> Tensor:
-        return mean_distance_to_bounds(self.weight.abs())
+        return nau_regularizer(self.weight)
 
     def oob_penalty(self) -> Tensor:
-        """``mean(relu(|W| − 1))``: how far weights lie outside [−1, 1]."""
-        return torch.relu(self.weight.abs() - 1).flatten(1).mean(1)
+        return nau_oob_penalty(self.weight)
 
     def clamp_(self) -> None:
         with torch.no_grad():

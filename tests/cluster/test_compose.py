@@ -215,6 +215,19 @@ def test_dockerfile():
     assert "CREATE DATABASE mlflow_auth" in initdb and "CREATE DATABASE optuna" in initdb
 
 
+def test_the_image_torch_is_in_pyprojects_range():
+    """The base image's torch is what every container trains with (pip keeps it), so it must
+    be a release pyproject.toml allows, i.e. the one CI tests (tests/test_torch_range.py)."""
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    base = re.search(r"^ARG BASE_IMAGE=pytorch/pytorch:([\d.]+)-cuda", (ROOT / "Dockerfile").read_text(), re.M)
+    assert base, "the default base must be a pytorch/pytorch:<torch>-cuda... tag"
+    (torch_line,) = re.findall(r'^\s*"(torch\b[^"]*)",?\s*$', (ROOT / "pyproject.toml").read_text(), re.M)
+    spec = Requirement(torch_line).specifier
+    assert spec.contains(Version(base.group(1))), f"image torch {base.group(1)} is outside {spec}"
+
+
 def test_the_workers_reach_the_services_by_name():
     env = SERVICES["ray-worker"]["environment"]
     assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"

@@ -35,6 +35,8 @@ NALU_VARIANTS: list[dict] = [
     {"log": "relu", "weights": "independent"},
     {"mul_unit": "nmu", "weights": "independent"},
     {"mul_unit": "nmu", "weights": "independent", "gate": "gumbel"},
+    {"add_unit": "nau", "mul_unit": "nmu"},  # the gated NAU/NMU (NAU paper)
+    {"add_unit": "nau", "weights": "independent", "gate": "bias", "log": "safe"},
     {"sign_correction": True},
     {"sign_correction": True, "weights": "independent", "log": "safe"},
 ]
@@ -114,13 +116,15 @@ def test_clamp_restores_constraints(name: str, options: dict) -> None:
     with torch.no_grad():
         for p in unit.parameters():
             p.uniform_(-3.0, 3.0, generator=torch.Generator().manual_seed(3))
-    constrained = name in CONSTRAINED or options.get("mul_unit") == "nmu"
+    constrained = (name in CONSTRAINED or options.get("mul_unit") == "nmu"
+                   or options.get("add_unit") == "nau")
     if constrained:
         assert (unit.oob_penalty() > 0).all()
     unit.clamp_()
     assert torch.equal(unit.oob_penalty(), torch.zeros(len(SEEDS)))
-    if name == "nau":
-        assert unit.weight.abs().max() <= 1
+    if name == "nau" or options.get("add_unit") == "nau":
+        w = unit.weight if name == "nau" else unit.nau_weight
+        assert w.abs().max() <= 1
     if name == "nmu" or options.get("mul_unit") == "nmu":
         w = unit.weight if name == "nmu" else unit.mul_weight
         assert w.min() >= 0 and w.max() <= 1
@@ -242,6 +246,8 @@ def test_unknown_unit_lists_valid_names() -> None:
         ("nalu", {"gat": "bias"}),
         ("nalu", {"gate": "sigmoid"}),
         ("nalu", {"weights": "shared", "mul_unit": "nmu"}),
+        ("nalu", {"weights": "shared", "add_unit": "nau", "mul_unit": "nmu"}),
+        ("nalu", {"add_unit": "nac"}),
         ("nalu", {"tau_t0": 10, "tau_t1": 10}),
         ("nalu", {"epsilon": 0.0}),
         ("mlp", {"activation": "swish"}),

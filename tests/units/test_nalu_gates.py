@@ -81,7 +81,8 @@ def test_gumbel_training_without_noise_keys_is_an_error() -> None:
     [("nmu", {}), ("npu", {}), ("inalu", {}),
      ("nalu", {"gate": "gumbel", "tau_schedule": "exponential", "weights": "independent",
                "sign_correction": True}),
-     ("nalu", {"gate": "temperature", "mul_unit": "nmu", "weights": "independent"})],
+     ("nalu", {"gate": "temperature", "mul_unit": "nmu", "weights": "independent"}),
+     ("nalu", {"gate": "bias", "add_unit": "nau", "mul_unit": "nmu"})],
 )
 def test_step_traces_as_one_graph_for_every_step(name: str, options: dict) -> None:
     """forward + regulariser trace with fullgraph (no .item(), no data-dependent Python) and
