@@ -11,7 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from service.config import RunConfig
-from service.model import build_model
+from service.training.model import build_model
 from service.training import Trainer, train
 from service.units import build_unit
 from service.units.nalu import NALU, NALUOptions
@@ -162,8 +162,8 @@ def test_gated_unit_learns_to_choose_its_path(operation: str) -> None:
 def test_the_nalu_gates_space_can_choose_the_gated_nau_nmu() -> None:
     from pathlib import Path
 
-    from service.search.space import load_space
-    from service.search.suggest import run_configs
+    from service.search.loading import load_space
+    from service.search.assign import run_configs
 
     space = load_space(Path(__file__).resolve().parents[2] / "search_spaces" / "nalu_gates.yaml")
     assert space.params["add_unit"].choices == ["nac_add", "nau"]
