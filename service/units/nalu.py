@@ -215,7 +215,7 @@ class NALU(Unit):
 
     # -- regularisers and constraints ------------------------------------------------------
     def regularizer(self) -> Tensor:
-        """The NMU path's ``mean(min(W, 1 − W))``; zero for a NAC• path (no regulariser)."""
+        """The NMU path's ``mean(min(|W|, |1 − W|))``; zero for a NAC• path (no regulariser)."""
         return nmu_regularizer(self.mul_weight) if self._nmu else self._zeros()
 
     def oob_penalty(self) -> Tensor:
