@@ -11,6 +11,7 @@ from service.config import RunConfig
 from service.errors import UserError
 from service.training import EvalReport, Trainer
 from service.training.result import RunResult
+from service.units.schedule import RegularizerSchedule
 
 
 def solved_now(report: EvalReport, thresholds: dict[str, float]) -> int:
@@ -50,6 +51,13 @@ def _fmt(value: float | None, spec: str = ".3g") -> str:
     return "—" if value is None or not np.isfinite(value) else format(value, spec)
 
 
+def describe_schedule(s: RegularizerSchedule) -> str:
+    """E.g. ``linear 0 → 10 over steps 10,000–20,000``."""
+    text = (f"constant {s.lambda_max:g} from step {s.t_start:,}" if s.shape == "constant"
+            else f"{s.shape} 0 → {s.lambda_max:g} over steps {s.t_start:,}–{s.t_end:,}")
+    return text + (f", oob {s.oob:g}" if s.oob else "")
+
+
 def print_run_result(result: RunResult, console: Console) -> None:
     """One configuration's outcome as a two-column table (readable in any terminal width)."""
     a = result.aggregate
@@ -64,6 +72,8 @@ def print_run_result(result: RunResult, console: Console) -> None:
     table.add_row("solved_at median", _fmt(a.solved_at_median, ".0f"))
     table.add_row("sparsity error (mean)", _fmt(a.sparsity_error_mean))
     table.add_row("diverged", str(a.diverged))
+    table.add_row("regulariser λ(t)" + (" (reference, scaled)" if cfg.train.regularizer is None else ""),
+                  describe_schedule(cfg.regularizer()))
     table.add_row("interpolation MSE (median)", _fmt(a.interpolation_mse_median))
     for name, thr in result.thresholds.items():
         table.add_row(f"{name} MSE (median) / threshold",

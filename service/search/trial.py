@@ -82,6 +82,24 @@ def task_params(space: SearchSpace) -> dict[str, Any]:
     return out
 
 
+def regularizer_params(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any]:
+    """The regulariser schedule each task of the trial actually trains with (the space's,
+    else the reference default scaled to the run, `RunConfig.regularizer`), logged as
+    ``regularizer.*`` (``regularizer.<task>.*`` for several tasks). Empty when the trial's
+    configs cannot be built: `run_trial` then reports that error in the trial's own run."""
+    try:
+        configs = run_configs(space, params)
+    except Exception:  # noqa: BLE001 - the trial itself raises it where it is recorded
+        return {}
+    out: dict[str, Any] = {}
+    for name, config in configs.items():
+        prefix = "regularizer." if len(configs) == 1 else f"regularizer.{name}."
+        schedule = config.regularizer()
+        out.update({f"{prefix}{key}": value for key, value in schedule.model_dump().items()})
+        out[f"{prefix}source"] = "reference_scaled" if config.train.regularizer is None else "config"
+    return out
+
+
 def partial_aggregate(trainer: Trainer, report: EvalReport) -> AggregateMetrics:
     """Aggregate metrics of the history so far (the current weights' sparsity error)."""
     try:

@@ -29,7 +29,9 @@ from service.search.display import LiveProgress, SweepBoard, register_board, unr
 from service.search.objective import OBJECTIVE
 from service.search.space import SearchSpace, parse_space
 from service.search.suggest import DefineByRun, active_params, run_configs
-from service.search.trial import STEP, TrialProgress, is_metric_key, run_trial, task_params
+from service.search.trial import (
+    STEP, TrialProgress, is_metric_key, regularizer_params, run_trial, task_params,
+)
 from service.search.trial_state import TrialState
 from service.tracking import runs, store
 
@@ -124,7 +126,8 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     params = {k: v for k, v in config.items() if k in space.params}
     tracker = runs.TrialRun.open(
         settings.tracking_uri, settings.experiment_id, settings.parent_run_id,
-        trial_key=trial_id, run_name=trial_name, params={**params, **task_params(space)},
+        trial_key=trial_id, run_name=trial_name,
+        params={**params, **task_params(space), **regularizer_params(space, params)},
         tags={store.TAG_SWEEP: settings.sweep, store.TAG_NODE: _node_ip()},
     )
     progress = TrialProgress()
