@@ -350,6 +350,7 @@ class Trainer:
             elapsed_s=float(elapsed_s),
             model={k: cpu_copy(v) for k, v in self.model.state_dict().items()},
             optimizer_steps=cpu_copy(self.optimizer.steps),
+            optimizer_powers=cpu_copy(self.optimizer.powers),
             optimizer_state=tuple(tuple(cpu_copy(b) for b in st) for st in self.optimizer.state),
             alive=cpu_copy(self.alive),
             diverged_at=cpu_copy(self.diverged_at),
@@ -374,6 +375,7 @@ class Trainer:
         dev = self.device
         self.model.load_state_dict({k: v.to(dev) for k, v in ckpt.model.items()})
         self.optimizer.load_state_dict({"steps": ckpt.optimizer_steps.to(dev),
+                                        "powers": ckpt.optimizer_powers.to(dev),
                                         "state": [[b.to(dev) for b in st] for st in ckpt.optimizer_state]})
         for live, saved in ((self.alive, ckpt.alive), (self.diverged_at, ckpt.diverged_at),
                             (self.best_loss, ckpt.best_loss), (self.last_improved, ckpt.last_improved)):
