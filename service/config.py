@@ -134,6 +134,10 @@ class RunConfig(Frozen):
     seed_offset: int = Field(0, ge=0, le=limits.MAX_SEED - limits.MAX_SEEDS)
     master_seed: int = Field(0, ge=-limits.MAX_SEED, le=limits.MAX_SEED)
     device: Literal["cpu", "cuda", "auto"] = "auto"
+    dtype: Literal["float32", "float64"] = Field(
+        "float32", description="float64: parameters, optimiser state, batches and λ(t) in double "
+        "precision (slower; for differential tests against a reference implementation)"
+    )
     compile: Literal["auto", "on", "off"] = "auto"
     # GPU only, with a compiled step: replay runs of steps as one captured CUDA graph
     # (the same trajectory, without a kernel launch per operation per step)
@@ -153,6 +157,10 @@ class RunConfig(Frozen):
         if self.model.layers is not None:
             return self.model.layers
         return tuple(LayerConfig(**layer) for layer in self.task.default_model())
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.float64 if self.dtype == "float64" else torch.float32
 
     def regularizer(self) -> RegularizerSchedule:
         """The effective schedule: the configured one, else the reference default of SPEC.md

@@ -87,7 +87,8 @@ class Trainer:
         self.schedule = config.regularizer()
         t = config.train
 
-        self.model: BatchedModel = build_model(config).to(self.device)
+        self.dtype = config.torch_dtype
+        self.model: BatchedModel = build_model(config).to(self.device, self.dtype)
         self.init_generators = [generator_for(config.master_seed, "init", s) for s in self.seed_ids]
         self.reinit_counts = [0] * self.num_seeds
         self._reset_positions(list(range(self.num_seeds)))
@@ -107,7 +108,7 @@ class Trainer:
         self._buffers: tuple[Tensor, Tensor] | None = None
 
         self.eval_sets = {
-            name: (x.to(self.device), y.to(self.device))
+            name: (x.to(self.device, self.dtype), y.to(self.device, self.dtype))
             for name, (x, y) in self.task.evaluation_sets().items()
         }
         self.thresholds = self.task.success_thresholds()
@@ -172,7 +173,11 @@ class Trainer:
         runs = self.task.operand_runs() or ()
         x, sums = rng.sample(keys, step, shape, self.task.interpolation.intervals, runs,
                              out=self._batch_buffers(keys.shape[0], shape, len(runs)))
-        target = self.task.apply_operation(sums) if runs else self.task.target(x)
+        if self.dtype != x.dtype:  # float64: the float32 draw, its target computed in float64
+            x = x.to(self.dtype)
+            target = self.task.target(x)
+        else:
+            target = self.task.apply_operation(sums) if runs else self.task.target(x)
         if t.shared_batch:
             x = x.expand(self.num_seeds, *shape)
             target = target.expand(self.num_seeds, *target.shape[1:])
@@ -194,7 +199,7 @@ class Trainer:
             task_loss = (y - target).square().mean((1, 2))
         else:
             task_loss = torch.nn.functional.smooth_l1_loss(y, target, reduction="none").mean((1, 2))
-        total = task_loss + self.schedule.value(step) * self.model.regularizer()
+        total = task_loss + self.schedule.value(step, self.dtype) * self.model.regularizer()
         if self.schedule.oob > 0:
             total = total + self.schedule.oob * self.model.oob_penalty()
         return total.sum(), task_loss.detach()

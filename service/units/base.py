@@ -187,4 +187,4 @@ class Unit(nn.Module):
     def _zeros(self) -> Tensor:
         p = next(self.parameters(), None)
         device = p.device if p is not None else None
-        return torch.zeros(self.num_seeds, device=device)
+        return torch.zeros(self.num_seeds, device=device, dtype=p.dtype if p is not None else None)
