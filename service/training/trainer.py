@@ -107,8 +107,9 @@ class Trainer:
         self._elapsed_before = 0.0  # training time of earlier attempts (a resumed run)
         self._buffers: tuple[Tensor, Tensor] | None = None
 
-        self.eval_sets = {
-            name: (x.to(self.device, self.dtype), y.to(self.device, self.dtype))
+        self.eval_sets = {  # float64: targets recomputed from the (float32) inputs in float64
+            name: (x.to(self.device, self.dtype),
+                   (y if self.dtype == y.dtype else self.task.target(x.to(self.dtype))).to(self.device, self.dtype))
             for name, (x, y) in self.task.evaluation_sets().items()
         }
         self.thresholds = self.task.success_thresholds()

@@ -254,3 +254,25 @@ def test_chaotic_trajectory_stays_as_close_as_a_1e_15_nudge(unit: str) -> None:
     worst = int((d_env / c_env.clamp_min(1e-9)).argmax())
     assert bool((d_env <= torch.maximum(10 * c_env, torch.tensor(1e-9))).all()), (
         f"{unit}: at step {worst} {float(d_env[worst]):.3g} from the reference, the control {float(c_env[worst]):.3g}")
+
+
+def test_float64_runs_in_double_precision_throughout() -> None:
+    """``dtype: float64``: parameters, optimiser state, batches, targets, λ(t) and evaluation
+    sets in float64; the exact model's evaluation error is then exactly 0."""
+    config = RunConfig.model_validate({
+        "task": ADD_TASK, "model": {"layers": [{"unit": "nau"}, {"unit": "nau"}]}, "seeds": 2,
+        "device": "cpu", "compile": "off", "dtype": "float64", "train": {"steps": 2, "eval_every": 1},
+    })
+    trainer = Trainer(config)
+    x, y = trainer._batch(torch.tensor(0))
+    assert x.dtype == y.dtype == torch.float64
+    assert torch.equal(y, trainer.task.target(x))
+    assert trainer.schedule.value(torch.tensor(300), torch.float64).dtype == torch.float64
+    trainer.run()
+    assert all(p.dtype == torch.float64 for p in trainer.model.parameters())
+    assert all(s.dtype == torch.float64 for st in trainer.optimizer.state for s in st)
+    trainer.model.units[0].load_exact_(trainer.task.selection(), "add")
+    trainer.model.units[1].load_exact_(torch.ones(1, 2, dtype=torch.float64), "add")
+    for x, y in trainer.eval_sets.values():
+        assert x.dtype == y.dtype == torch.float64
+        assert torch.equal(trainer._mse(x, y), torch.zeros(2, dtype=torch.float64))
