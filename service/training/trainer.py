@@ -38,7 +38,8 @@ from service.training.result import RunResult
 from service.units.base import ForwardContext
 
 _COMPILE_COST_S = 12.5  # seconds to compile the step (cold cache), for compile="auto"
-_EVAL_ELEMENTS = 1 << 22  # per evaluation chunk: seeds × samples × widest layer input
+_EVAL_ELEMENTS = 1 << 22  # per evaluation tile: seeds × samples × widest layer input
+_EVAL_CHUNK = 512  # samples per evaluation tile: fixed, so a seed's MSE never depends on S
 _GRAPH_STEPS = 50  # steps per captured CUDA graph
 _GRAPH_WARMUP = 3  # steps run (compiled, uncaptured) before the capture
 
@@ -285,19 +286,33 @@ class Trainer:
     # -- evaluation and re-initialisation ----------------------------------------------------
     @torch.no_grad()
     def _mse(self, x: Tensor, y: Tensor) -> Tensor:
-        """Per-seed MSE ``[S]`` of the model on a shared evaluation set, chunked."""
+        """Per-seed MSE ``[S]`` of the model on a shared evaluation set.
+
+        Evaluated in tiles of `_EVAL_CHUNK` samples × a group of seeds (as many as fit
+        `_EVAL_ELEMENTS`; a group runs the model on its slice of the parameters). A seed's
+        numbers never depend on how many seeds are trained: every tile has the same
+        samples whatever S (a matmul's result can depend on its row count), each tile's
+        squared errors are summed per seed and the tile sums added in sample order, in
+        float64.
+        """
         was_training = self.model.training
         self.model.eval()
-        n = x.shape[0]
+        n, S = x.shape[0], self.num_seeds
         width = max(self.task.input_size, self.config.model.hidden_size) * max(1, self.task.output_size)
-        chunk = max(1, min(n, _EVAL_ELEMENTS // max(1, self.num_seeds * width)))
-        total = torch.zeros(self.num_seeds, dtype=torch.float64, device=self.device)
-        ctx = ForwardContext(step=self.step_t, noise_keys=self.noise_keys)
-        for i in range(0, n, chunk):
-            xb = x[i:i + chunk]  # shared by every seed: seed stride 0, even for one seed
-            xb = xb.as_strided((self.num_seeds, *xb.shape), (0, *xb.stride()))
-            err = (self.model(xb, ctx) - y[i:i + chunk]).double().square()
-            total += err.sum((1, 2))
+        group = max(1, min(S, _EVAL_ELEMENTS // (_EVAL_CHUNK * width)))
+        params = dict(self.model.named_parameters())
+        total = torch.zeros(S, dtype=torch.float64, device=self.device)
+        for s0 in range(0, S, group):
+            s1 = min(S, s0 + group)
+            keys = self.noise_keys[s0:s1]
+            ctx = ForwardContext(step=self.step_t, noise_keys=keys)
+            sliced = {k: v[s0:s1] for k, v in params.items()}
+            for i in range(0, n, _EVAL_CHUNK):
+                xb = x[i:i + _EVAL_CHUNK]  # shared by every seed: seed stride 0, even for one seed
+                xb = xb.as_strided((s1 - s0, *xb.shape), (0, *xb.stride()))
+                z = self.model(xb, ctx) if group >= S else torch.func.functional_call(self.model, sliced, (xb, ctx))
+                err = (z - y[i:i + _EVAL_CHUNK]).double().square()
+                total[s0:s1] += err.flatten(1).sum(1)
         self.model.train(was_training)
         return total / (n * y.shape[1])
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from pydantic import Field, field_validator
 from torch import Tensor, nn
 
+from service.units import elementwise
 from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
 from service.units.registry import register
 
@@ -27,8 +28,8 @@ PRELU_INIT = 0.25
 _FIXED = {
     "relu": torch.relu,
     "relu6": F.relu6,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
+    "sigmoid": elementwise.sigmoid,
+    "tanh": elementwise.tanh,
     "leaky_relu": F.leaky_relu,
     "elu": F.elu,
     "selu": F.selu,
