@@ -16,6 +16,12 @@ regulariser switched on from the start and weights reaching their clamp bounds.
   can grow to 1e-2 within a few hundred steps): they must agree to 1e-9 over the first 200
   steps, and over 1,000 steps stay within 10× of how far a control run drifts, the
   reference restarted from initial weights scaled by 1 + 1e-15.
+
+The gradients are bit-identical for NAU and the NAC models (float64 `linear_forward` uses
+F.linear's operand order for this). What still differs is rounding order: Adam's β^t as
+float64 running products where torch computes ``β ** t`` (with the latter NAU, NAC+ and NAC•
+match bit for bit over 1,000 steps), the NMU factor ``W(x − 1) + 1`` against ``W x + 1 − W``
+(~1e-16), and the order in which NALU's three uses of its input sum their gradients.
 """
 
 from __future__ import annotations
