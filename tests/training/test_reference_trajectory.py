@@ -229,6 +229,7 @@ CHAOTIC = {
 }
 
 
+@pytest.mark.slow  # ~6 s of CPU each
 @pytest.mark.parametrize("unit", list(STABLE))
 def test_trajectory_matches_the_reference(unit: str) -> None:
     task, units, schedule = STABLE[unit]
@@ -245,6 +246,7 @@ def test_trajectory_matches_the_reference(unit: str) -> None:
         assert float(distances(ours[:early], old).max()) > 1e-6
 
 
+@pytest.mark.slow  # ~6 s of CPU each
 @pytest.mark.parametrize("unit", list(CHAOTIC))
 def test_chaotic_trajectory_stays_as_close_as_a_1e_15_nudge(unit: str) -> None:
     task, units, schedule = CHAOTIC[unit]
