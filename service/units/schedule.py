@@ -22,9 +22,12 @@ class RegularizerSchedule(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     shape: Literal["linear", "constant", "exponential"] = "linear"
-    lambda_max: float = 10.0
-    t_start: int = 1_000_000
-    t_end: int = 2_000_000
+    # no defaults: a schedule is given whole (or left out, for the reference schedule scaled
+    # to the run, `RunConfig.regularizer`); a default t_start of 1e6 silently left
+    # 50,000-step runs unregularised
+    lambda_max: float
+    t_start: int
+    t_end: int
     oob: float = 0.0
 
     @model_validator(mode="after")

@@ -64,6 +64,16 @@ def test_an_explicit_schedule_is_kept():
     assert cfg.regularizer() == RegularizerSchedule(**explicit)
 
 
+@pytest.mark.parametrize("partial", [{"lambda_max": 5.0}, {"t_start": 100, "t_end": 200},
+                                     {"shape": "constant", "lambda_max": 1.0, "t_start": 10}])
+def test_a_schedule_is_given_whole(partial):
+    """No hidden 5e6-step defaults: a partial schedule is an error, not t_start = 1e6."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="Field required"):
+        config(NAU_NMU, 50_000, regularizer=partial)
+
+
 def test_result_json_records_the_effective_schedule():
     from service.training import Trainer
 
