@@ -16,6 +16,7 @@ is one graph. ~1.1 ms per step compiled, ~2.2 ms eager.
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -215,7 +216,9 @@ class Trainer:
         if clip.mode == "value":
             grads = [g.clamp(-clip.max, clip.max) for g in grads]
         elif clip.mode == "norm":
-            sq = torch.stack([g.square().flatten(1).sum(1) for g in grads]).sum(0)
+            # summed parameter by parameter: a reduction of stack(...) over its first
+            # dimension adds in another order for one seed than for many
+            sq = functools.reduce(torch.add, [g.square().flatten(1).sum(1) for g in grads])
             scale = (clip.max / (sq.sqrt() + 1e-6)).clamp(max=1.0)
             grads = [g * scale.view(-1, *([1] * (g.dim() - 1))) for g in grads]
         grads = [

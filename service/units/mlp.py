@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from service.units import elementwise
 from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
+from service.units.linear import linear_forward
 from service.units.registry import register
 
 Activation = Literal[
@@ -90,7 +91,10 @@ class MLP(Unit):
         h = x
         last = len(self.weights) - 1
         for layer, (w, b) in enumerate(zip(self.weights, self.biases)):
-            h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(-1, -2))
+            # not baddbmm: for one output column it takes a gemv-like path for one seed and
+            # another for many, so a seed's numbers depended on S (linear_forward's native
+            # kernel computes every seed from its own data alone)
+            h = linear_forward(h, w) + b.unsqueeze(1)
             if layer < last:
                 h = self._act(h, layer)
         return h
