@@ -9,8 +9,6 @@ import torch
 
 from service.units import build_unit, elementwise
 
-pytestmark = pytest.mark.slow  # one torch.compile (~15–30 s on a loaded CPU)
-
 _ULP_BELOW_1 = 2.0 ** -24  # float32 spacing just below 1
 
 
@@ -49,6 +47,23 @@ def _everything(band, large, unit, x):
     return elementwise.tanh(band), elementwise.sigmoid(large), torch.exp(large), z, g
 
 
+def test_eager_tanh_and_sigmoid_do_not_depend_on_a_values_position():
+    """Values and gradients in a long tensor (vectorised loops) equal those of the same
+    values one by one (scalar loops): torch.sigmoid and its backward differ there for ~4%."""
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 8
+    g = torch.randn(4096, generator=torch.Generator().manual_seed(1))
+    for fn in (elementwise.tanh, elementwise.sigmoid):
+        xr = x.clone().requires_grad_()
+        y = fn(xr)
+        (gx,) = torch.autograd.grad(y, xr, g)
+        for i in range(0, 4096, 7):
+            xi = x[i:i + 1].clone().requires_grad_()
+            yi = fn(xi)
+            (gi,) = torch.autograd.grad(yi, xi, g[i:i + 1])
+            assert torch.equal(yi, y[i:i + 1]) and torch.equal(gi, gx[i:i + 1])
+    torch.testing.assert_close(elementwise.sigmoid(x), torch.sigmoid(x), rtol=2.4e-7, atol=0)
+
+
 @pytest.fixture(scope="module")
 def results():
     """(eager, compiled) results of `_everything` and its inputs."""
@@ -61,6 +76,7 @@ def results():
     return inputs, eager, compiled
 
 
+@pytest.mark.slow  # shares one torch.compile (~15–40 s on a loaded CPU)
 def test_compiled_tanh_saturates_where_eager_does_and_is_correctly_rounded(results):
     (x, *_), (eager, *_), (compiled, *_) = results
     exact = torch.tanh(x.double())
@@ -76,6 +92,7 @@ def test_compiled_tanh_saturates_where_eager_does_and_is_correctly_rounded(resul
     assert bool((compiled[(x > 8.6) & (x < 9.0)].abs() < 1).all())
 
 
+@pytest.mark.slow  # shares one torch.compile (~15–40 s on a loaded CPU)
 def test_compiled_sigmoid_and_exp_saturate_where_eager_does(results):
     _, eager, compiled = results
     for e, c in zip(eager[1:3], compiled[1:3]):
@@ -83,6 +100,7 @@ def test_compiled_sigmoid_and_exp_saturate_where_eager_does(results):
             assert torch.equal(e == value, c == value)
 
 
+@pytest.mark.slow  # shares one torch.compile (~15–40 s on a loaded CPU)
 def test_nac_step_in_the_saturation_band_compiled_equals_eager_and_float64(results):
     """One NAC+ step with |Ŵ| in 8.5 … 9.2: compiled and eager give the same outputs and
     gradients, non-zero below |Ŵ| = 9.01 as in float64 (to the float32 rounding of
