@@ -18,6 +18,25 @@ from service.units.registry import get_unit
 from service.units.schedule import RegularizerSchedule
 
 
+REFERENCE_STEPS = 5_000_000
+"""Length of the reference code's runs, for which its regulariser schedules were chosen."""
+
+REFERENCE_SCHEDULES = {"nmu": (10.0, 1_000_000, 2_000_000), "other": (0.01, 5_000, 50_000)}
+"""(λ_max, t_start, t_end) of the reference schedules for `REFERENCE_STEPS`-step runs: models
+with an NMU (mul), and the rest (NAU for add/sub)."""
+
+
+def reference_regularizer(layers: "tuple[LayerConfig, ...]", steps: int) -> RegularizerSchedule:
+    """The reference schedule of SPEC.md §1 scaled to a ``steps``-step run: the same fractions
+    of the run as the reference's of its 5e6 steps (NMU: λ_max 10 from 20% to 40%; otherwise
+    0.01 from 0.1% to 1%); t_end is at least t_start + 1 for very short runs."""
+    nmu = any(layer.unit == "nmu" or layer.options.get("mul_unit") == "nmu" for layer in layers)
+    lambda_max, t_start, t_end = REFERENCE_SCHEDULES["nmu" if nmu else "other"]
+    start = t_start * steps // REFERENCE_STEPS
+    end = max(t_end * steps // REFERENCE_STEPS, start + 1)
+    return RegularizerSchedule(lambda_max=lambda_max, t_start=start, t_end=end)
+
+
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
@@ -95,7 +114,8 @@ class TrainConfig(Frozen):
     reinit: ReinitConfig = ReinitConfig()
     eval_every: int = Field(1000, ge=1, le=limits.MAX_STEPS)
     regularizer: RegularizerSchedule | None = Field(
-        None, description="None: the reference default for the model (NMU: 10, 1e6→2e6; else 0.01, 5e3→5e4)"
+        None, description="None: the reference schedule for the model scaled to `steps` (NMU: λ_max 10 "
+        "from 20% to 40% of the run; else 0.01 from 0.1% to 1%; the reference's 1e6→2e6 and 5e3→5e4 of 5e6 steps)"
     )
     shared_batch: bool = Field(
         False, description="draw ONE input batch per step for all seeds (faster, but seeds "
@@ -113,6 +133,10 @@ class RunConfig(Frozen):
     seed_offset: int = Field(0, ge=0, le=limits.MAX_SEED - limits.MAX_SEEDS)
     master_seed: int = Field(0, ge=-limits.MAX_SEED, le=limits.MAX_SEED)
     device: Literal["cpu", "cuda", "auto"] = "auto"
+    dtype: Literal["float32", "float64"] = Field(
+        "float32", description="float64: parameters, optimiser state, batches and λ(t) in double "
+        "precision (slower; for differential tests against a reference implementation)"
+    )
     compile: Literal["auto", "on", "off"] = "auto"
     # GPU only, with a compiled step: replay runs of steps as one captured CUDA graph
     # (the same trajectory, without a kernel launch per operation per step)
@@ -133,10 +157,13 @@ class RunConfig(Frozen):
             return self.model.layers
         return tuple(LayerConfig(**layer) for layer in self.task.default_model())
 
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return torch.float64 if self.dtype == "float64" else torch.float32
+
     def regularizer(self) -> RegularizerSchedule:
-        """The configured schedule or the reference default of SPEC.md §1."""
+        """The effective schedule: the configured one, else the reference default of SPEC.md
+        §1 scaled to the run's length (`reference_regularizer`)."""
         if self.train.regularizer is not None:
             return self.train.regularizer
-        if any(layer.unit == "nmu" or layer.options.get("mul_unit") == "nmu" for layer in self.layers()):
-            return RegularizerSchedule(lambda_max=10.0, t_start=1_000_000, t_end=2_000_000)
-        return RegularizerSchedule(lambda_max=0.01, t_start=5_000, t_end=50_000)
+        return reference_regularizer(self.layers(), self.train.steps)

@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # torch comes in with these: only the verb that trains import
     from service.config import RunConfig
     from service.training import EvalReport
     from service.training.result import RunResult
+    from service.units.schedule import RegularizerSchedule
 
 
 def _deep_merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -162,6 +163,13 @@ def run_with_progress(config: RunConfig, console: Console, quiet: bool = False) 
         return trainer.run(on_eval)
 
 
+def describe_schedule(s: RegularizerSchedule) -> str:
+    """E.g. ``linear 0 → 10 over steps 10,000–20,000``."""
+    text = (f"constant {s.lambda_max:g} from step {s.t_start:,}" if s.shape == "constant"
+            else f"{s.shape} 0 → {s.lambda_max:g} over steps {s.t_start:,}–{s.t_end:,}")
+    return text + (f", oob {s.oob:g}" if s.oob else "")
+
+
 def print_run_result(result: RunResult, console: Console) -> None:
     """One configuration's outcome as a two-column table (readable in any terminal width)."""
     a = result.aggregate
@@ -176,6 +184,8 @@ def print_run_result(result: RunResult, console: Console) -> None:
     table.add_row("solved_at median", fmt_number(a.solved_at_median, ".0f"))
     table.add_row("sparsity error (mean)", fmt_number(a.sparsity_error_mean))
     table.add_row("diverged", str(a.diverged))
+    table.add_row("regulariser λ(t)" + (" (reference, scaled)" if cfg.train.regularizer is None else ""),
+                  describe_schedule(cfg.regularizer()))
     table.add_row("interpolation MSE (median)", fmt_number(a.interpolation_mse_median))
     for name, thr in result.thresholds.items():
         table.add_row(f"{name} MSE (median) / threshold",

@@ -36,7 +36,8 @@ def best_table(view, top: int, include_pruned: bool = False) -> Table:
                         f"(lower end of the 95% Wilson interval)")
     table.add_column("#", justify="right")
     table.add_column("trial")
-    names = view.searched or sorted({k for r in rows for k in r.params if not k.startswith("task.")
+    names = view.searched or sorted({k for r in rows for k in r.params
+                                     if not k.startswith(("task.", "regularizer."))
                                      and k not in ("seeds", "steps", "eval_every")})
     for name in names:
         table.add_column(name)

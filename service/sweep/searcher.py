@@ -62,7 +62,10 @@ class ResumableOptunaSearch(OptunaSearch):
         space = getattr(self._space, "space", None)
         if isinstance(config, dict) and space is not None:
             params = active_params(space, {k: v for k, v in config.items() if k in space.params})
-            config = {**config, RUN_CONFIGS: run_configs(space, params)}
+            try:
+                config = {**config, RUN_CONFIGS: run_configs(space, params)}
+            except Exception:  # noqa: BLE001 - the trial fails in its own run, where it is recorded
+                pass
         return config
 
     def restore(self, checkpoint_path: str) -> None:

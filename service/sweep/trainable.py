@@ -10,7 +10,7 @@ from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
 from service.sweep.cluster import node_ip
 from service.sweep.searcher import RUN_CONFIGS
-from service.sweep.trial import TrialProgress, run_trial
+from service.sweep.trial import TrialProgress, regularizer_params, run_trial
 from service.sweep.trial_state import TrialState
 from service.tracking import runs, store
 from service.tracking.store import Outcome
@@ -62,10 +62,16 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     torch.set_num_threads(settings.threads)
     space = SearchSpace.model_validate(settings.space)  # checked in full by the driver
     params = active_params(space, {k: v for k, v in config.items() if k in space.params})
-    configs = config.get(RUN_CONFIGS) or run_configs(space, params)  # a searcher without configs
+    configs = config.get(RUN_CONFIGS)
+    if configs is None:  # the driver could not build them: `run_trial` raises in the trial's own run
+        try:
+            configs = run_configs(space, params)
+        except Exception:  # noqa: BLE001
+            configs = None
+    logged = {**params, **settings.task_params, **(regularizer_params(configs) if configs else {})}
     tracker = runs.TrialRun.open(
         settings.tracking_uri, settings.experiment_id, settings.parent_run_id,
-        trial_key=trial_id, run_name=trial_name, params={**params, **settings.task_params},
+        trial_key=trial_id, run_name=trial_name, params=logged,
         tags={store.TAG_SWEEP: settings.sweep, store.TAG_NODE: node_ip()},
     )
     progress = TrialProgress()
@@ -84,7 +90,7 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
         checkpoint = tune.get_checkpoint()
         if checkpoint is not None:
             with checkpoint.as_directory() as directory:
-                resume = TrialState.load(directory, configs)
+                resume = TrialState.load(directory, configs or run_configs(space, params))
             tracker.set_tags({store.TAG_RESUMED_FROM: str(resume.step)})
         run_trial(params, space, report, configs=configs, tracker=tracker, progress=progress,
                   resume=resume, report_checkpoint=report_checkpoint)

@@ -84,6 +84,19 @@ def task_params(space: SearchSpace) -> dict[str, Any]:
     return out
 
 
+def regularizer_params(configs: dict[str, RunConfig]) -> dict[str, Any]:
+    """The regulariser schedule each task of the trial actually trains with (the space's,
+    else the reference default scaled to the run, `RunConfig.regularizer`), logged as
+    ``regularizer.*`` (``regularizer.<task>.*`` for several tasks)."""
+    out: dict[str, Any] = {}
+    for name, config in configs.items():
+        prefix = "regularizer." if len(configs) == 1 else f"regularizer.{name}."
+        schedule = config.regularizer()
+        out.update({f"{prefix}{key}": value for key, value in schedule.model_dump().items()})
+        out[f"{prefix}source"] = "reference_scaled" if config.train.regularizer is None else "config"
+    return out
+
+
 def partial_aggregate(trainer: Trainer, report: EvalReport) -> AggregateMetrics:
     """Aggregate metrics of the history so far (the current weights' sparsity error)."""
     try:

@@ -63,7 +63,8 @@ class TrainerCheckpoint:
     step: int  # steps done; the evaluation at ``step`` (if due) is in the history
     elapsed_s: float
     model: dict[str, Tensor]  # the model's state_dict, [S, ...] each
-    optimizer_steps: Tensor  # [S]
+    optimizer_steps: Tensor  # [S] int64
+    optimizer_powers: Tensor  # [2, S] float64: Adam's β1^t, β2^t per seed
     optimizer_state: tuple[tuple[Tensor, ...], ...]  # per parameter, the optimiser's buffers
     alive: Tensor  # [S] bool
     diverged_at: Tensor  # [S] int64, −1 = not diverged
@@ -86,6 +87,7 @@ class TrainerCheckpoint:
             "elapsed_s": self.elapsed_s,
             "model": dict(self.model),
             "optimizer_steps": self.optimizer_steps,
+            "optimizer_powers": self.optimizer_powers,
             "optimizer_state": [list(s) for s in self.optimizer_state],
             "alive": self.alive,
             "diverged_at": self.diverged_at,
@@ -109,6 +111,7 @@ class TrainerCheckpoint:
                 elapsed_s=float(payload["elapsed_s"]),
                 model={str(k): _tensor(v) for k, v in payload["model"].items()},
                 optimizer_steps=_tensor(payload["optimizer_steps"]),
+                optimizer_powers=_tensor(payload["optimizer_powers"]),
                 optimizer_state=tuple(tuple(_tensor(t) for t in s) for s in payload["optimizer_state"]),
                 alive=_tensor(payload["alive"]),
                 diverged_at=_tensor(payload["diverged_at"]),

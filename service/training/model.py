@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -26,11 +27,13 @@ class BatchedModel(nn.Module):
         return x
 
     def regularizer(self) -> Tensor:
-        """Σ over layers of each layer's (mean) sparsity regulariser."""
-        return torch.stack([u.regularizer() for u in self.units]).sum(0)
+        """Σ over layers of each layer's (mean) sparsity regulariser, added layer by layer
+        (a sum of ``stack(...)`` over layers adds in another order for one seed than for
+        many)."""
+        return functools.reduce(torch.add, [u.regularizer() for u in self.units])
 
     def oob_penalty(self) -> Tensor:
-        return torch.stack([u.oob_penalty() for u in self.units]).sum(0)
+        return functools.reduce(torch.add, [u.oob_penalty() for u in self.units])
 
     def sparsity_error(self) -> Tensor:
         return torch.stack([u.sparsity_error() for u in self.units]).amax(0)

@@ -17,14 +17,25 @@ from service.config import OptimizerConfig
 
 
 class BatchedOptimizer:
-    """Updates parameters ``[S, ...]`` in place from their ``.grad``."""
+    """Updates parameters ``[S, ...]`` in place from their ``.grad``.
+
+    Every operation is elementwise or per seed, and none depends on how many seeds share
+    the tensors: a seed's update is bit-identical alone and among any number of others.
+    Adam's bias corrections come from per-seed running products ``β^t`` in float64 (one
+    multiplication per step, exactly rounded whatever the tensor's size, where a vectorised
+    ``pow`` and a scalar one can differ by an ulp) and are cast to the parameters' dtype
+    only as ``lr / (1 − β1^t)`` and ``√(1 − β2^t)``, as torch's Adam does with Python floats.
+    """
 
     def __init__(self, params: Sequence[Tensor], config: OptimizerConfig) -> None:
         self.params = list(params)
         self.config = config
         device = self.params[0].device
         num_seeds = self.params[0].shape[0]
-        self.steps = torch.zeros(num_seeds, device=device)
+        self.steps = torch.zeros(num_seeds, dtype=torch.int64, device=device)
+        # Adam: [β1^t, β2^t] per seed (float64); 1 at t = 0
+        self.powers = torch.ones(2, num_seeds, dtype=torch.float64, device=device)
+        self._betas = torch.tensor(config.betas, dtype=torch.float64, device=device).view(2, 1)
         self.state: list[list[Tensor]] = [self._new_state(p) for p in self.params]
 
     def _new_state(self, p: Tensor) -> list[Tensor]:
@@ -32,7 +43,7 @@ class BatchedOptimizer:
         return [torch.zeros_like(p) for _ in range(n)]
 
     def _per_seed(self, v: Tensor, like: Tensor) -> Tensor:
-        return v.view(-1, *([1] * (like.dim() - 1)))
+        return v.to(like.dtype).view(-1, *([1] * (like.dim() - 1)))
 
     @torch.no_grad()
     def step(self, grads: Sequence[Tensor], lr: Tensor | float | None = None) -> None:
@@ -42,23 +53,25 @@ class BatchedOptimizer:
         lr = c.lr if lr is None else lr
         self.steps += 1
         if c.name == "adam":
-            # per parameter: m ← lerp(m, g, 1 − β1); v ← β2 v + (1 − β2) g²;
-            # p ← p − lr m / ((√(v / bc2) + ε) bc1), with per-seed bias corrections bc1, bc2.
-            # The _foreach_ forms do exactly these operations, one call for all parameters.
+            # per parameter, as torch.optim.Adam: m ← lerp(m, g, 1 − β1);
+            # v ← β2 v + (1 − β2) g²; p ← p − (lr / bc1) m / (√v / √bc2 + ε), with per-seed
+            # bias corrections bc1 = 1 − β1^t, bc2 = 1 − β2^t computed in float64.
             b1, b2 = c.betas
-            bc1 = 1 - b1 ** self.steps
-            bc2 = 1 - b2 ** self.steps
+            self.powers.mul_(self._betas)
+            bc = 1 - self.powers  # [2, S] float64
+            lr64 = lr.to(torch.float64) if isinstance(lr, Tensor) else lr
+            step_size = lr64 / bc[0]
+            bc2_sqrt = bc[1].sqrt()
             ms = [st[0] for st in self.state]
             vs = [st[1] for st in self.state]
             grads = list(grads)
             torch._foreach_lerp_(ms, grads, 1 - b1)
             torch._foreach_mul_(vs, b2)
             torch._foreach_addcmul_(vs, grads, grads, value=1 - b2)
-            denom = torch._foreach_div(vs, [self._per_seed(bc2, p) for p in self.params])
-            torch._foreach_sqrt_(denom)
+            denom = torch._foreach_sqrt(vs)
+            torch._foreach_div_(denom, [self._per_seed(bc2_sqrt, p) for p in self.params])
             torch._foreach_add_(denom, c.eps)
-            torch._foreach_mul_(denom, [self._per_seed(bc1, p) for p in self.params])
-            step = torch._foreach_mul(ms, lr)
+            step = torch._foreach_mul(ms, [self._per_seed(step_size, p) for p in self.params])
             torch._foreach_div_(step, denom)
             torch._foreach_sub_(self.params, step)
         elif c.name == "rmsprop":
@@ -73,17 +86,19 @@ class BatchedOptimizer:
     @torch.no_grad()
     def reset_seeds(self, mask: Tensor) -> None:
         """Forget the state of the seeds where ``mask [S]`` is true (after re-initialising)."""
-        keep = (~mask).to(self.steps.dtype)
-        self.steps.mul_(keep)
+        self.steps.masked_fill_(mask, 0)
+        self.powers.masked_fill_(mask.view(1, -1), 1.0)
         for p, states in zip(self.params, self.state):
             for s in states:
-                s.mul_(self._per_seed(keep, p))
+                s.masked_fill_(mask.view(-1, *([1] * (p.dim() - 1))), 0.0)
 
     def state_dict(self) -> dict:
-        return {"steps": self.steps.clone(), "state": [[s.clone() for s in st] for st in self.state]}
+        return {"steps": self.steps.clone(), "powers": self.powers.clone(),
+                "state": [[s.clone() for s in st] for st in self.state]}
 
     def load_state_dict(self, state: dict) -> None:
         self.steps.copy_(state["steps"])
+        self.powers.copy_(state["powers"])
         for dst, src in zip(self.state, state["state"]):
             for d, s in zip(dst, src):
                 d.copy_(s)

@@ -37,6 +37,8 @@ class RunResult:
         h = self.history
         return {
             "config": self.config.model_dump(mode="json"),
+            # the schedule λ(t) actually used (the scaled reference default when none was given)
+            "regularizer": self.config.regularizer().model_dump(mode="json"),
             "thresholds": self.thresholds,
             "aggregate": self.aggregate.model_dump(mode="json"),
             "seeds": [

@@ -16,6 +16,7 @@ is one graph. ~1.1 ms per step compiled, ~2.2 ms eager.
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -42,7 +43,8 @@ from service.training.result import RunResult
 from service.units.base import ForwardContext
 
 _COMPILE_COST_S = 12.5  # seconds to compile the step (cold cache), for compile="auto"
-_EVAL_ELEMENTS = 1 << 22  # per evaluation chunk: seeds × samples × widest layer input
+_EVAL_ELEMENTS = 1 << 22  # per evaluation tile: seeds × samples × widest layer input
+_EVAL_CHUNK = 512  # samples per evaluation tile: fixed, so a seed's MSE never depends on S
 _GRAPH_STEPS = 50  # steps per captured CUDA graph
 _GRAPH_WARMUP = 3  # steps run (compiled, uncaptured) before the capture
 
@@ -91,7 +93,8 @@ class Trainer:
         self.schedule = config.regularizer()
         t = config.train
 
-        self.model: BatchedModel = build_model(config).to(self.device)
+        self.dtype = config.torch_dtype
+        self.model: BatchedModel = build_model(config).to(self.device, self.dtype)
         self.init_generators = [generator_for(config.master_seed, "init", s) for s in self.seed_ids]
         self.reinit_counts = [0] * self.num_seeds
         self._reset_positions(list(range(self.num_seeds)))
@@ -110,8 +113,9 @@ class Trainer:
         self._elapsed_before = 0.0  # training time of earlier attempts (a resumed run)
         self._buffers: tuple[Tensor, Tensor] | None = None
 
-        self.eval_sets = {
-            name: (x.to(self.device), y.to(self.device))
+        self.eval_sets = {  # float64: targets recomputed from the (float32) inputs in float64
+            name: (x.to(self.device, self.dtype),
+                   (y if self.dtype == y.dtype else self.task.target(x.to(self.dtype))).to(self.device, self.dtype))
             for name, (x, y) in self.task.evaluation_sets().items()
         }
         self.thresholds = self.task.success_thresholds()
@@ -179,7 +183,11 @@ class Trainer:
         runs = self.task.operand_runs() or ()
         x, sums = rng.sample(keys, step, shape, self.task.interpolation.intervals, runs,
                              out=self._batch_buffers(keys.shape[0], shape, len(runs)))
-        target = self.task.apply_operation(sums) if runs else self.task.target(x)
+        if self.dtype != x.dtype:  # float64: the float32 draw, its target computed in float64
+            x = x.to(self.dtype)
+            target = self.task.target(x)
+        else:
+            target = self.task.apply_operation(sums) if runs else self.task.target(x)
         if t.shared_batch:
             x = x.expand(self.num_seeds, *shape)
             target = target.expand(self.num_seeds, *target.shape[1:])
@@ -201,7 +209,7 @@ class Trainer:
             task_loss = (y - target).square().mean((1, 2))
         else:
             task_loss = torch.nn.functional.smooth_l1_loss(y, target, reduction="none").mean((1, 2))
-        total = task_loss + self.schedule.value(step) * self.model.regularizer()
+        total = task_loss + self.schedule.value(step, self.dtype) * self.model.regularizer()
         if self.schedule.oob > 0:
             total = total + self.schedule.oob * self.model.oob_penalty()
         return total.sum(), task_loss.detach()
@@ -215,7 +223,9 @@ class Trainer:
         if clip.mode == "value":
             grads = [g.clamp(-clip.max, clip.max) for g in grads]
         elif clip.mode == "norm":
-            sq = torch.stack([g.square().flatten(1).sum(1) for g in grads]).sum(0)
+            # summed parameter by parameter: a reduction of stack(...) over its first
+            # dimension adds in another order for one seed than for many
+            sq = functools.reduce(torch.add, [g.square().flatten(1).sum(1) for g in grads])
             scale = (clip.max / (sq.sqrt() + 1e-6)).clamp(max=1.0)
             grads = [g * scale.view(-1, *([1] * (g.dim() - 1))) for g in grads]
         grads = [
@@ -286,19 +296,33 @@ class Trainer:
     # -- evaluation and re-initialisation ----------------------------------------------------
     @torch.no_grad()
     def _mse(self, x: Tensor, y: Tensor) -> Tensor:
-        """Per-seed MSE ``[S]`` of the model on a shared evaluation set, chunked."""
+        """Per-seed MSE ``[S]`` of the model on a shared evaluation set.
+
+        Evaluated in tiles of `_EVAL_CHUNK` samples × a group of seeds (as many as fit
+        `_EVAL_ELEMENTS`; a group runs the model on its slice of the parameters). A seed's
+        numbers never depend on how many seeds are trained: every tile has the same
+        samples whatever S (a matmul's result can depend on its row count), each tile's
+        squared errors are summed per seed and the tile sums added in sample order, in
+        float64.
+        """
         was_training = self.model.training
         self.model.eval()
-        n = x.shape[0]
+        n, S = x.shape[0], self.num_seeds
         width = max(self.task.input_size, self.config.model.hidden_size) * max(1, self.task.output_size)
-        chunk = max(1, min(n, _EVAL_ELEMENTS // max(1, self.num_seeds * width)))
-        total = torch.zeros(self.num_seeds, dtype=torch.float64, device=self.device)
-        ctx = ForwardContext(step=self.step_t, noise_keys=self.noise_keys)
-        for i in range(0, n, chunk):
-            xb = x[i:i + chunk]  # shared by every seed: seed stride 0, even for one seed
-            xb = xb.as_strided((self.num_seeds, *xb.shape), (0, *xb.stride()))
-            err = (self.model(xb, ctx) - y[i:i + chunk]).double().square()
-            total += err.sum((1, 2))
+        group = max(1, min(S, _EVAL_ELEMENTS // (_EVAL_CHUNK * width)))
+        params = dict(self.model.named_parameters())
+        total = torch.zeros(S, dtype=torch.float64, device=self.device)
+        for s0 in range(0, S, group):
+            s1 = min(S, s0 + group)
+            keys = self.noise_keys[s0:s1]
+            ctx = ForwardContext(step=self.step_t, noise_keys=keys)
+            sliced = {k: v[s0:s1] for k, v in params.items()}
+            for i in range(0, n, _EVAL_CHUNK):
+                xb = x[i:i + _EVAL_CHUNK]  # shared by every seed: seed stride 0, even for one seed
+                xb = xb.as_strided((s1 - s0, *xb.shape), (0, *xb.stride()))
+                z = self.model(xb, ctx) if group >= S else torch.func.functional_call(self.model, sliced, (xb, ctx))
+                err = (z - y[i:i + _EVAL_CHUNK]).double().square()
+                total[s0:s1] += err.flatten(1).sum(1)
         self.model.train(was_training)
         return total / (n * y.shape[1])
 
@@ -357,6 +381,7 @@ class Trainer:
             elapsed_s=float(elapsed_s),
             model={k: cpu_copy(v) for k, v in self.model.state_dict().items()},
             optimizer_steps=cpu_copy(self.optimizer.steps),
+            optimizer_powers=cpu_copy(self.optimizer.powers),
             optimizer_state=tuple(tuple(cpu_copy(b) for b in st) for st in self.optimizer.state),
             alive=cpu_copy(self.alive),
             diverged_at=cpu_copy(self.diverged_at),
@@ -381,6 +406,7 @@ class Trainer:
         dev = self.device
         self.model.load_state_dict({k: v.to(dev) for k, v in ckpt.model.items()})
         self.optimizer.load_state_dict({"steps": ckpt.optimizer_steps.to(dev),
+                                        "powers": ckpt.optimizer_powers.to(dev),
                                         "state": [[b.to(dev) for b in st] for st in ckpt.optimizer_state]})
         for live, saved in ((self.alive, ckpt.alive), (self.diverged_at, ckpt.diverged_at),
                             (self.best_loss, ckpt.best_loss), (self.last_improved, ckpt.last_improved)):

@@ -18,6 +18,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from service.units import elementwise
 from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
 from service.units.linear import linear_forward
 from service.units.nac import nac_init_range, nac_weight, saturated_nac_params
@@ -67,7 +68,7 @@ class INALU(Unit):
         w_mul = nac_weight(self.mul_w_hat, self.mul_m_hat)
         log_x = torch.log(x.abs().clamp_min(o.epsilon))
         m = torch.exp(linear_forward(log_x, w_mul).clamp_max(o.omega)) * product_sign(x, w_mul)
-        g = torch.sigmoid(self.gate).unsqueeze(1)
+        g = elementwise.sigmoid(self.gate).unsqueeze(1)
         return g * a + (1 - g) * m
 
     def regularizer(self) -> Tensor:

@@ -16,7 +16,9 @@ import torch.nn.functional as F
 from pydantic import Field, field_validator
 from torch import Tensor, nn
 
+from service.units import elementwise
 from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
+from service.units.linear import linear_forward
 from service.units.registry import register
 
 Activation = Literal[
@@ -27,8 +29,8 @@ PRELU_INIT = 0.25
 _FIXED = {
     "relu": torch.relu,
     "relu6": F.relu6,
-    "sigmoid": torch.sigmoid,
-    "tanh": torch.tanh,
+    "sigmoid": elementwise.sigmoid,
+    "tanh": elementwise.tanh,
     "leaky_relu": F.leaky_relu,
     "elu": F.elu,
     "selu": F.selu,
@@ -89,7 +91,10 @@ class MLP(Unit):
         h = x
         last = len(self.weights) - 1
         for layer, (w, b) in enumerate(zip(self.weights, self.biases)):
-            h = torch.baddbmm(b.unsqueeze(1), h, w.transpose(-1, -2))
+            # not baddbmm: for one output column it takes a gemv-like path for one seed and
+            # another for many, so a seed's numbers depended on S (linear_forward's native
+            # kernel computes every seed from its own data alone)
+            h = linear_forward(h, w) + b.unsqueeze(1)
             if layer < last:
                 h = self._act(h, layer)
         return h

@@ -15,6 +15,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
+from service.units import elementwise
 from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
 from service.units.linear import linear_forward
 from service.units.registry import register
@@ -57,7 +58,7 @@ def nac_init_range(fan_in: int, fan_out: int) -> float:
 
 def nac_weight(w_hat: Tensor, m_hat: Tensor) -> Tensor:
     """``tanh(Ŵ) ⊙ σ(M̂)``."""
-    return torch.tanh(w_hat) * torch.sigmoid(m_hat)
+    return elementwise.tanh(w_hat) * elementwise.sigmoid(m_hat)
 
 
 def nac_mul_forward(log_x: Tensor, w: Tensor) -> Tensor:

@@ -40,6 +40,7 @@ from pydantic import Field, model_validator
 from torch import Tensor
 
 from service import rng
+from service.units import elementwise
 from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
 from service.units.linear import linear_forward, xavier_uniform_
 from service.units.nac import nac_init_range, nac_mul_forward, nac_weight, saturated_nac_params
@@ -220,7 +221,7 @@ class NALU(Unit):
                 pre = pre + self._logistic_noise(ctx, x.shape[1])
         if self._temperature != "none":
             pre = pre * self.gate_sharpness(self.step_of(ctx, x.device))
-        return torch.sigmoid(pre)
+        return elementwise.sigmoid(pre)  # batch-independent (torch.sigmoid is not)
 
     def gate_sharpness(self, step: Tensor) -> Tensor:
         """The factor on the gate pre-activation at ``step`` (0-d tensor): τ(t) for the
@@ -237,7 +238,8 @@ class NALU(Unit):
             raise ValueError("a gumbel gate needs ForwardContext.noise_keys in training mode")
         counter = ctx.step + ((self.noise_stream + 1) << NOISE_STREAM_SHIFT)
         u = rng.uniform(ctx.noise_keys, counter, (batch, self.out_features))
-        return torch.logit(u, eps=1e-7)
+        u = u.clamp(1e-7, 1 - 1e-7)  # torch.logit(u, eps=1e-7), with MKL's log: batch-independent
+        return torch.log(u / (1 - u))
 
     def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:
         w_add = self.add_weight()
@@ -254,8 +256,8 @@ class NALU(Unit):
 
     # -- regularisers and constraints ------------------------------------------------------
     def regularizer(self) -> Tensor:
-        """The NAU path's ``mean(min(|W|, 1 − |W|))`` plus the NMU path's ``mean(min(W, 1 −
-        W))``, each over its own weights; a NAC path adds nothing (no regulariser)."""
+        """The NAU path's ``mean(min(|W|, |1 − |W||))`` plus the NMU path's ``mean(min(|W|,
+        |1 − W|))`` (the reference forms), each over its own weights; a NAC path adds nothing."""
         return self._sum_over_paths(nau_regularizer, nmu_regularizer)
 
     def oob_penalty(self) -> Tensor:

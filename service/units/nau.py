@@ -2,7 +2,8 @@
 
 ``z = W x`` with W kept in [−1, 1] by clamping in place after every optimiser step (the
 reference behaviour; the forward sees the clamped W). Sparsity regulariser
-``R = mean(min(|W|, 1 − |W|))``; reference init ``W ~ U[−r, r]``,
+``R = mean(min(|W|, |1 − |W||))`` (the reference form: its gradient is 0 at |W| = 1, so it
+does not push a weight on its bound outward); reference init ``W ~ U[−r, r]``,
 ``r = min(0.5, √3 · √(2 / (fan_in + fan_out)))``.
 """
 

@@ -2,7 +2,8 @@
 
 ``z_o = Π_i (W_oi x_i + 1 − W_oi)``: W_oi = 1 selects x_i into the product, W_oi = 0
 replaces it by 1. W is kept in [0, 1] by clamping in place after every optimiser step;
-``R = mean(min(W, 1 − W))``; reference init ``W ~ U[0.25, 0.75]``.
+``R = mean(min(|W|, |1 − W|))`` (the reference form: its gradient is 0 at W = 0 and W = 1, so
+it does not push a weight on its bound outward); reference init ``W ~ U[0.25, 0.75]``.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class _Product2(torch.autograd.Function):
 
 
 def nmu_regularizer(w: Tensor) -> Tensor:
-    """``mean(min(W, 1 − W))`` per seed."""
+    """``mean(min(|W|, |1 − W|))`` per seed (gradient 0 at W = 0 and W = 1)."""
     return mean_distance_to_bounds(w)
 
 

@@ -22,9 +22,12 @@ class RegularizerSchedule(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     shape: Literal["linear", "constant", "exponential"] = "linear"
-    lambda_max: float = 10.0
-    t_start: int = 1_000_000
-    t_end: int = 2_000_000
+    # no defaults: a schedule is given whole (or left out, for the reference schedule scaled
+    # to the run, `RunConfig.regularizer`); a default t_start of 1e6 silently left
+    # 50,000-step runs unregularised
+    lambda_max: float
+    t_start: int
+    t_end: int
     oob: float = 0.0
 
     @model_validator(mode="after")
@@ -39,11 +42,11 @@ class RegularizerSchedule(BaseModel):
             raise ValueError(f"t_end ({self.t_end}) must be > t_start ({self.t_start})")
         return self
 
-    def value(self, step: torch.Tensor | int) -> torch.Tensor:
-        """λ(step) as a 0-d float tensor (on ``step``'s device)."""
-        t = torch.as_tensor(step).to(torch.float32)
+    def value(self, step: torch.Tensor | int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """λ(step) as a 0-d ``dtype`` tensor (on ``step``'s device), computed in ``dtype``."""
+        t = torch.as_tensor(step).to(dtype)
         if self.shape == "constant":
-            return torch.where(t >= self.t_start, self.lambda_max, 0.0).to(torch.float32)
+            return torch.where(t >= self.t_start, self.lambda_max, 0.0).to(dtype)
         p = ((t - self.t_start) / float(self.t_end - self.t_start)).clamp(0.0, 1.0)
         if self.shape == "linear":
             return self.lambda_max * p

@@ -52,7 +52,11 @@ def test_smoke_sweep_records_one_parent_and_one_child_per_trial(ray_address):
         assert child.info.status == "FINISHED" and tags[store.TAG_OUTCOME] in ("completed", "pruned")
         assert {"lr", "optimizer", "lambda_max", "nau_init", "task.kind", "seeds"} <= set(child.data.params)
         assert ("momentum" in child.data.params) == (child.data.params["optimizer"] == "sgd")
-        assert "master_seed" not in child.data.params  # searched and task parameters only
+        assert "master_seed" not in child.data.params  # searched, task and schedule parameters only
+        # the schedule the trial trained with (smoke.yaml states it; λ_max is searched)
+        assert float(child.data.params["regularizer.lambda_max"]) == float(child.data.params["lambda_max"])
+        assert (child.data.params["regularizer.t_start"], child.data.params["regularizer.t_end"]) == ("300", "1200")
+        assert child.data.params["regularizer.source"] == "config"
         for key in ("objective", "success_rate", "success_ci_low", "success_ci_high", "diverged",
                     "interpolation_mse_median", "extrapolation_mse_median.extrapolation"):
             assert key in metrics, key

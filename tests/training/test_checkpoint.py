@@ -81,7 +81,7 @@ def _assert_same_state(a: Trainer, b: Trainer) -> None:
     for pa, pb in zip(a.params, b.params, strict=True):
         assert torch.equal(pa, pb)
     sa, sb = a.optimizer.state_dict(), b.optimizer.state_dict()
-    assert torch.equal(sa["steps"], sb["steps"])
+    assert torch.equal(sa["steps"], sb["steps"]) and torch.equal(sa["powers"], sb["powers"])
     for bufs_a, bufs_b in zip(sa["state"], sb["state"], strict=True):
         for x, y in zip(bufs_a, bufs_b, strict=True):
             assert torch.equal(x, y)

@@ -94,13 +94,37 @@ def test_nmu_unit_with_two_inputs_keeps_seeds_apart():
 
 
 def test_mean_distance_to_bounds_has_the_autograd_gradient_of_its_formula():
+    # the reference code's form min(|a|, |1 − a|) (NAU: a = |W|; NMU: a = W), bounds included
     w = torch.cat([torch.rand(5, 3, 7) * 3 - 1.5,
                    torch.tensor([0.5, -0.5, 0.0, 1.0, -1.0, 0.25, 0.75]).expand(1, 3, 7)])
     up = torch.rand(6)
-    for transform in (torch.abs, lambda t: t):
-        a = w.clone().requires_grad_(True)
-        b = w.clone().requires_grad_(True)
-        fast = mean_distance_to_bounds(transform(a))
-        plain = torch.minimum(transform(b), 1 - transform(b)).flatten(1).mean(1)
-        assert torch.equal(fast, plain)
-        assert torch.equal(torch.autograd.grad(fast, a, up)[0], torch.autograd.grad(plain, b, up)[0])
+    for dtype in (torch.float32, torch.float64):
+        for transform in (torch.abs, lambda t: t):
+            a = w.to(dtype).requires_grad_(True)
+            b = w.to(dtype).requires_grad_(True)
+            fast = mean_distance_to_bounds(transform(a))
+            plain = torch.minimum(transform(b).abs(), (1 - transform(b)).abs()).flatten(1).mean(1)
+            assert torch.equal(fast, plain)
+            assert torch.equal(torch.autograd.grad(fast, a, up.to(dtype))[0],
+                               torch.autograd.grad(plain, b, up.to(dtype))[0])
+
+
+@pytest.mark.parametrize("unit_name, weights, expected", [
+    # NAU: 0 at W = 0, ±1 (abs'(0) = 0 on the |1 − |W|| side) and at the tie |W| = 1/2
+    ("nau", [1.0, -1.0, 0.0, 0.5, -0.5, 0.25, -0.25, 0.75], [0, 0, 0, 0, 0, 1, -1, -1]),
+    # NMU: 0 at W = 0, 1 and at the tie W = 1/2
+    ("nmu", [0.0, 1.0, 0.5, 0.25, 0.75, 0.0, 1.0, 0.5], [0, 0, 0, 1, -1, 0, 0, 0]),
+])
+def test_sparsity_regularizer_gradient_at_the_clamp_bounds(unit_name, weights, expected):
+    """The regulariser never pushes a weight on its clamp bound outward: d R / d W is 0 at
+    |W| = 1 (NAU) and W ∈ {0, 1} (NMU), ±1/n inside, as the reference's expression gives."""
+    unit = build_unit(unit_name, 8, 1, 1)
+    with torch.no_grad():
+        unit.weight.copy_(torch.tensor(weights).view(1, 1, 8))
+    (grad,) = torch.autograd.grad(unit.regularizer().sum(), unit.weight)
+    assert torch.equal(grad.flatten(), torch.tensor(expected, dtype=torch.float32) / 8)
+    w = torch.tensor(weights, requires_grad=True)
+    a = w.abs() if unit_name == "nau" else w
+    reference = torch.min(a.abs(), (1 - a).abs()).mean()  # the reference code's expression
+    (ref_grad,) = torch.autograd.grad(reference, w)
+    assert torch.equal(grad.flatten(), ref_grad)
