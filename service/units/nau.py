@@ -25,7 +25,7 @@ def nau_init_range(fan_in: int, fan_out: int) -> float:
 
 
 def nau_regularizer(w: Tensor) -> Tensor:
-    """``mean(min(|W|, 1 − |W|))`` per seed."""
+    """``mean(min(|W|, |1 − |W||))`` per seed (gradient 0 at |W| = 1)."""
     return mean_distance_to_bounds(w.abs())
 
 

@@ -78,8 +78,8 @@ def test_regulariser_is_the_sum_of_the_nau_and_nmu_regularisers() -> None:
         unit.nau_weight.uniform_(-1.3, 1.3, generator=torch.Generator().manual_seed(2))
         unit.mul_weight.uniform_(-0.3, 1.3, generator=torch.Generator().manual_seed(3))
     w_a, w_m = unit.nau_weight.detach(), unit.mul_weight.detach()
-    by_hand = (torch.minimum(w_a.abs(), 1 - w_a.abs()).mean((1, 2))
-               + torch.minimum(w_m, 1 - w_m).mean((1, 2)))
+    by_hand = (torch.minimum(w_a.abs(), (1 - w_a.abs()).abs()).mean((1, 2))  # the reference forms
+               + torch.minimum(w_m.abs(), (1 - w_m).abs()).mean((1, 2)))
     torch.testing.assert_close(unit.regularizer(), by_hand)
 
     # the same numbers *and gradients* as the standalone units with these weights
