@@ -9,14 +9,14 @@ import math
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from service import limits
+from service.frozen import Frozen
 from service.tasks import Task, parse_task
 from service.units.init import parse_init
 from service.units.registry import get_unit
 from service.units.schedule import RegularizerSchedule
-
 
 REFERENCE_STEPS = 5_000_000
 """Length of the reference code's runs, for which its regulariser schedules were chosen."""
@@ -35,10 +35,6 @@ def reference_regularizer(layers: "tuple[LayerConfig, ...]", steps: int) -> Regu
     start = t_start * steps // REFERENCE_STEPS
     end = max(t_end * steps // REFERENCE_STEPS, start + 1)
     return RegularizerSchedule(lambda_max=lambda_max, t_start=start, t_end=end)
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class LayerConfig(Frozen):

@@ -20,10 +20,11 @@ import math
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from service import limits
 from service.errors import UserError
+from service.frozen import Frozen
 from service.names import sweep_name_problem
 
 Primitive = Union[bool, int, float, str]
@@ -40,11 +41,7 @@ class SearchSpaceError(UserError):
     """An invalid search space file; the message lists every problem found."""
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-
-class _Param(_Frozen):
+class _Param(Frozen):
     target: str | list[str] | None = Field(
         None, description="dotted path(s) in the run config; default: the parameter's name"
     )
@@ -140,7 +137,7 @@ Param = Annotated[
 ]
 
 
-class SchedulerSpec(_Frozen):
+class SchedulerSpec(Frozen):
     """ASHA stops hopeless trials early: at each rung only the top 1/``reduction_factor``
     by the intermediate objective continue. ``grace_period`` is in training steps."""
 
@@ -152,7 +149,7 @@ class SchedulerSpec(_Frozen):
     brackets: int = Field(1, ge=1, le=100)
 
 
-class SamplerSpec(_Frozen):
+class SamplerSpec(Frozen):
     """How Optuna proposes trials: ``tpe`` (default; learns from finished trials),
     ``random``, or ``grid`` (every combination of categorical parameters once)."""
 
@@ -160,14 +157,14 @@ class SamplerSpec(_Frozen):
     seed: int = Field(0, ge=0, lt=2**32, description="numpy, which Optuna seeds, takes 32 bits")
 
 
-class Resources(_Frozen):
+class Resources(Frozen):
     """What Ray reserves per trial; fractional ``gpus`` let several trials share one GPU."""
 
     cpus: float = Field(1.0, gt=0, le=limits.MAX_CPUS)
     gpus: float = Field(0.0, ge=0, le=limits.MAX_GPUS)
 
 
-class SearchSpace(_Frozen):
+class SearchSpace(Frozen):
     """A validated search space (see the module docstring for the file format)."""
 
     name: str = Field(description="default sweep name (MLflow experiment, Ray experiment dir)")

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from service import limits
+from service.frozen import Frozen
 from service.seeding import generator_for
 from service.tasks.ranges import Range
 
@@ -33,10 +34,9 @@ _THRESHOLD_CHUNK = 65_536
 _THRESHOLD_CACHE_VERSION = 1  # bump when the simulation changes: old disk entries are ignored
 
 
-class Task(BaseModel):
+class Task(Frozen):
     """Base of every task config; subclasses add their own fields and a ``kind`` literal."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     kind: ClassVar[str]
 
     interpolation: Range = Field(

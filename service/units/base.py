@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Callable, ClassVar, Iterator, Literal, Sequence
 
 import torch
-from pydantic import BaseModel, ConfigDict
 from torch import Tensor, nn
 
+from service.frozen import Frozen
 from service.units.init import InitSpec, parse_init
 
 
@@ -36,10 +36,8 @@ def _on_host(module: nn.Module) -> Iterator[None]:
             t.data = orig
 
 
-class UnitOptions(BaseModel):
+class UnitOptions(Frozen):
     """Unit-specific options; each unit subclasses this with its own validated fields."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,9 @@ import re
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
+
+from service.frozen import Frozen
 
 InitName = Literal[
     "default", "kaiming_uniform", "kaiming_normal", "xavier_uniform", "xavier_normal",
@@ -21,10 +23,9 @@ INIT_NAMES: tuple[str, ...] = InitName.__args__  # type: ignore[attr-defined]
 _UNIFORM = re.compile(r"^uniform\(\s*([-+0-9.eE]+)\s*,\s*([-+0-9.eE]+)\s*\)$")
 
 
-class InitSpec(BaseModel):
+class InitSpec(Frozen):
     """A parsed initialisation; ``uniform`` carries its bounds ``a < b``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     kind: InitName = "default"
     a: float | None = None
     b: float | None = None

@@ -10,17 +10,18 @@ import math
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import model_validator
+
+from service.frozen import Frozen
 
 _EXP_RATE = 5.0
 
 
-class RegularizerSchedule(BaseModel):
+class RegularizerSchedule(Frozen):
     """``linear``: λ_max·clamp((t − t_start)/(t_end − t_start), 0, 1) (the papers' warm-up);
     ``constant``: λ_max from t_start on; ``exponential``: λ_max·(e^{5p} − 1)/(e^5 − 1) with
     the same p, a slow start that reaches λ_max at t_end."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
     shape: Literal["linear", "constant", "exponential"] = "linear"
     # no defaults: a schedule is given whole (or left out, for the reference schedule scaled
     # to the run, `RunConfig.regularizer`); a default t_start of 1e6 silently left
