@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from service import native, rng
+from service import native
+from service.seeding import generator as rng
 from service.config import RunConfig
 from service.metrics import EvalHistory, aggregate, per_seed_metrics
 from service.model import BatchedModel, build_model

@@ -29,7 +29,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from service import rng
+from service.seeding import generator as rng
 from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
 from service.units.linear import linear_forward, xavier_uniform_
 from service.units.nac import nac_init_range, nac_mul_forward, nac_weight, saturated_nac_params

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from service import rng
+from service.seeding import generator as rng
 from service.config import RunConfig
 from service.training import Trainer, train
 from service.units import unit_names
