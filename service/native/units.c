@@ -1,23 +1,35 @@
-/* Native CPU kernels of `service.units.kernels`: narrow linear layers and the two-input NMU. */
+/* Native CPU kernels of `service.units.kernels`: narrow linear layers and the two-input NMU.
+
+   Every sum is added in an order the torch fallback of `service.units.kernels` repeats
+   exactly (no FMA: a product is rounded, then added; -ffp-contract=off), so a run with and
+   without these kernels gives the same bits:
+   - linear forward, over the inputs: `lane_sum` (eight lanes i mod 8, sequential from 0.0f,
+     then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)));
+   - linear weight gradient, over the batch rows: sequential from 0.0f;
+   - NMU weight gradient, over the batch rows: `lane_sum`; its input gradient, over the
+     outputs: sequential from the first term. */
 #include <stdint.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 
+/* ((v0 + v1) + (v2 + v3)) + ((v4 + v5) + (v6 + v7)) */
 __attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
-    return _mm_cvtss_f32(a);
+    const __m256 t = _mm256_hadd_ps(v, v);
+    const __m256 u = _mm256_hadd_ps(t, t);
+    return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1)));
 }
+
+/* acc + a * b with the product rounded first (never fused) */
+#define MADD(a, b, acc) _mm256_add_ps((acc), _mm256_mul_ps((a), (b)))
 
 static const int32_t mask_tab[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 
 #define ACC4(c0, c1, load)                                                            \
     { __m256 x0 = load(r0 + k), x1 = load(r1 + k), x2 = load(r2 + k), x3 = load(r3 + k); \
-      a00 = _mm256_fmadd_ps(x0, c0, a00); a01 = _mm256_fmadd_ps(x0, c1, a01);        \
-      a10 = _mm256_fmadd_ps(x1, c0, a10); a11 = _mm256_fmadd_ps(x1, c1, a11);        \
-      a20 = _mm256_fmadd_ps(x2, c0, a20); a21 = _mm256_fmadd_ps(x2, c1, a21);        \
-      a30 = _mm256_fmadd_ps(x3, c0, a30); a31 = _mm256_fmadd_ps(x3, c1, a31); }
+      a00 = MADD(x0, c0, a00); a01 = MADD(x0, c1, a01);        \
+      a10 = MADD(x1, c0, a10); a11 = MADD(x1, c1, a11);        \
+      a20 = MADD(x2, c0, a20); a21 = MADD(x2, c1, a21);        \
+      a30 = MADD(x3, c0, a30); a31 = MADD(x3, c1, a31); }
 #define LOADU(p) _mm256_loadu_ps(p)
 #define LOADM(p) _mm256_maskload_ps((p), tail)
 
@@ -79,13 +91,13 @@ static void fwd_avx2(float *z, const float *x, const float *w, int64_t S, int64_
                 int64_t k = 0;
                 for (int64_t v = 0; v < nv; v++, k += 8) {
                     const __m256 x0 = _mm256_loadu_ps(r0 + k);
-                    a00 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + k), a00);
-                    a01 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w1 + k), a01);
+                    a00 = MADD(x0, _mm256_loadu_ps(w0 + k), a00);
+                    a01 = MADD(x0, _mm256_loadu_ps(w1 + k), a01);
                 }
                 if (rem) {
                     const __m256 x0 = LOADM(r0 + k);
-                    a00 = _mm256_fmadd_ps(x0, LOADM(w0 + k), a00);
-                    a01 = _mm256_fmadd_ps(x0, LOADM(w1 + k), a01);
+                    a00 = MADD(x0, LOADM(w0 + k), a00);
+                    a01 = MADD(x0, LOADM(w1 + k), a01);
                 }
                 zs[b * O + o0] = hsum8(a00);
                 if (two) zs[b * O + o0 + 1] = hsum8(a01);
@@ -108,8 +120,8 @@ __attribute__((target("avx2,fma"), always_inline)) static inline void dw_block(
         const __m256 g1 = _mm256_set1_ps(two ? g[b * O + 1] : 0.0f);
         for (int j = 0; j < NV; j++) {
             const __m256 xv = j < full ? _mm256_loadu_ps(r + 8 * j) : _mm256_maskload_ps(r + 8 * j, tail);
-            a0[j] = _mm256_fmadd_ps(g0, xv, a0[j]);
-            a1[j] = _mm256_fmadd_ps(g1, xv, a1[j]);
+            a0[j] = MADD(g0, xv, a0[j]);
+            a1[j] = MADD(g1, xv, a1[j]);
         }
     }
     for (int j = 0; j < NV; j++) {
@@ -206,47 +218,47 @@ void nalu_nmu2_fwd(float *z, const float *x, const float *w, int64_t S, int64_t 
     }
 }
 
+static inline float lane_tree(const float l[8]) {
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
 /* Gradients of nalu_nmu2_fwd for the upstream gradient g [S, B, O] (contiguous):
-   gx [S, B, 2] (skipped when NULL) and gw [S, O, 2], both contiguous. */
+   gx [S, B, 2] (skipped when NULL) and gw [S, O, 2], both contiguous. With
+   ga = g * (wc * c + 1), gc = g * (wa * a + 1) (a, c = the inputs minus 1):
+   gw[o] = lane sums over b of ga * a and gc * c; gx = sums over o, first term first, of
+   ga * wa and gc * wc. */
 void nalu_nmu2_bwd(float *gx, float *gw, const float *g, const float *x, const float *w,
                    int64_t S, int64_t B, int64_t O, int64_t xs, int64_t xr, int64_t xe) {
-    if (O == 1 && xr == 2 && xe == 1 && xs == 2 * B && gx) {  /* the usual case, vectorisable */
-        for (int64_t s = 0; s < S; s++) {
-            const float wa = w[2 * s], wc = w[2 * s + 1];
-            const float *xsd = x + s * xs, *gs = g + s * B;
-            float *gxs = gx + s * 2 * B;
-            float sa = 0.0f, sc = 0.0f;
-            for (int64_t b = 0; b < B; b++) {
-                const float a = xsd[2 * b] - 1.0f, c = xsd[2 * b + 1] - 1.0f;
-                const float ga = gs[b] * (wc * c + 1.0f), gc = gs[b] * (wa * a + 1.0f);
-                sa += ga * a;
-                sc += gc * c;
-                gxs[2 * b] = ga * wa;
-                gxs[2 * b + 1] = gc * wc;
-            }
-            gw[2 * s] = sa;
-            gw[2 * s + 1] = sc;
-        }
-        return;
-    }
     for (int64_t s = 0; s < S; s++) {
-        const float *ws = w + s * O * 2;
-        float *gws = gw + s * O * 2;
-        for (int64_t k = 0; k < O * 2; k++) gws[k] = 0.0f;
+        const float *ws = w + s * O * 2, *xsd = x + s * xs;
+        for (int64_t o = 0; o < O; o++) {
+            const float wa = ws[2 * o], wc = ws[2 * o + 1];
+            float sa[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            float sc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+            for (int64_t b = 0; b < B; b++) {
+                const float a = xsd[b * xr] - 1.0f, c = xsd[b * xr + xe] - 1.0f;
+                const float gb = g[(s * B + b) * O + o];
+                const float ga = gb * (wc * c + 1.0f), gc = gb * (wa * a + 1.0f);
+                sa[b & 7] += ga * a;
+                sc[b & 7] += gc * c;
+                if (gx && O == 1) { gx[(s * B + b) * 2] = ga * wa; gx[(s * B + b) * 2 + 1] = gc * wc; }
+            }
+            gw[(s * O + o) * 2] = lane_tree(sa);
+            gw[(s * O + o) * 2 + 1] = lane_tree(sc);
+        }
+        if (!gx || O == 1) continue;
         for (int64_t b = 0; b < B; b++) {
-            const float *xb = x + s * xs + b * xr;
-            const float a = xb[0] - 1.0f, c = xb[xe] - 1.0f;
+            const float a = xsd[b * xr] - 1.0f, c = xsd[b * xr + xe] - 1.0f;
             const float *gb = g + (s * B + b) * O;
             float gxa = 0.0f, gxc = 0.0f;
             for (int64_t o = 0; o < O; o++) {
                 const float wa = ws[2 * o], wc = ws[2 * o + 1];
-                const float ga = gb[o] * (wc * c + 1.0f), gc = gb[o] * (wa * a + 1.0f);
-                gws[2 * o] += ga * a;
-                gws[2 * o + 1] += gc * c;
-                gxa += ga * wa;
-                gxc += gc * wc;
+                const float ta = (gb[o] * (wc * c + 1.0f)) * wa, tc = (gb[o] * (wa * a + 1.0f)) * wc;
+                gxa = o ? gxa + ta : ta;
+                gxc = o ? gxc + tc : tc;
             }
-            if (gx) { gx[(s * B + b) * 2] = gxa; gx[(s * B + b) * 2 + 1] = gxc; }
+            gx[(s * B + b) * 2] = gxa;
+            gx[(s * B + b) * 2 + 1] = gxc;
         }
     }
 }

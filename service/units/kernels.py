@@ -1,21 +1,31 @@
-"""Native CPU kernels for the two hot layers of the papers' models.
+"""The two hot layers of the papers' models, with native CPU kernels (``service/native/units.c``)
+and a torch fallback that adds in exactly the kernels' order.
 
 **Linear, few outputs.** Every additive layer of the papers' models is narrow: ``W [S,
 out, in]`` with ``out`` 1 or 2, applied to ``x [S, B, in]`` (``in`` = 100 on the arithmetic
 task). ``torch.bmm`` spends ~3 µs of set-up per seed on such tiny matrices (~0.3 ms per
-call at S = 100 on one CPU thread, forward and weight gradient alike); this kernel
-streams over the rows instead (~0.12 ms forward, ~0.15 ms weight gradient at S = 100).
-The maths is that of ``torch.matmul`` in float32: only the order of the additions inside
-each dot product differs (8-lane partial sums, then a fixed pairwise reduction), and each
-seed's numbers are computed from that seed's data alone, whatever its batch mates.
-`linear(x, w)` uses it on CPU float32 tensors when it is built (see `service.native`; it
-needs AVX2 and FMA) and ``out`` is small, else ``torch.matmul``; under ``torch.compile``
-it runs as the opaque ops ``nalu_sweep::linear_fwd`` / ``linear_dw``.
+call at S = 100 on one CPU thread, forward and weight gradient alike); the kernel streams
+over the rows instead. Each seed's numbers are computed from that seed's data alone,
+whatever its batch mates. `linear(x, w)` takes this path for CPU float32 operands with
+``out <= MAX_OUT``, else ``torch.matmul``; under ``torch.compile`` the kernel runs as the
+opaque ops ``nalu_sweep::linear_fwd`` / ``linear_dw``.
 
-**NMU with two inputs** (eager only: inductor fuses the torch formula just as well). The
-~10 small tensor operations of the forward and backward become one call each (~0.35 →
-~0.05 ms at S = 100); the forward does the same float operations as the torch formula, so
-its outputs are identical.
+**NMU with two inputs** (eager only: compiled graphs use the torch formula of
+`service.units.nmu`). The ~10 small tensor operations of the forward and backward become
+one call each (~0.35 → ~0.05 ms at S = 100); the forward does the same float operations as
+the torch formula.
+
+**Native and fallback give the same bits.** Where the kernels cannot be had (no C
+compiler, a CPU without AVX2/FMA, ``NALU_SWEEP_NATIVE=0``) the same layers run as torch ops
+in the kernels' order of additions (`service.native.ordered.lane_sum`, sequential sums;
+products rounded before they are added, never fused), so a trial retried on a node without
+a compiler continues the same trajectory. Orders (the C file says the same):
+
+* linear forward: ``lane_sum`` over the inputs;
+* linear weight gradient: sequential over the batch rows, from 0.0;
+* linear input gradient (torch ops on both paths): sequential over the outputs;
+* NMU weight gradient: ``lane_sum`` over the batch rows; input gradient: sequential over
+  the outputs.
 """
 
 from __future__ import annotations
@@ -23,10 +33,12 @@ from __future__ import annotations
 import ctypes
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from service import native
+from service.native.ordered import lane_sum
 
 MAX_OUT = 4
 """Widest ``out`` the kernel takes: it passes over the rows once per pair of outputs, so from
@@ -73,8 +85,52 @@ def _dw_native(g: Tensor, x: Tensor) -> Tensor:
     return dw
 
 
+_FWD_CHUNK = 1 << 20  # accumulators per chunk of rows of the torch forward (bounds its memory)
+
+
+def _fwd_torch(x: Tensor, w: Tensor) -> Tensor:
+    """The kernel's forward in torch ops: ``lane_sum`` over the inputs of ``x · w``, the
+    eight lanes accumulated group by group (no ``[S, B, O, I]`` product tensor)."""
+    S, B, I = x.shape
+    O = w.shape[1]
+    full, rest = divmod(I, 8)
+
+    def groups(t: Tensor) -> list[Tensor]:  # [..., I] -> views [..., 8] (the last one padded)
+        out = list(t[..., :8 * full].unflatten(-1, (full, 8)).unbind(-2)) if full else []
+        return out + ([F.pad(t[..., 8 * full:], (0, 8 - rest))] if rest else [])
+
+    wg = [v.unsqueeze(1) for v in groups(w)]  # [S, 1, O, 8]
+    rows = max(1, _FWD_CHUNK // max(1, S * O * 8))
+    parts = []
+    for b in range(0, B, rows):
+        xg = [v.unsqueeze(2) for v in groups(x[:, b:b + rows])]  # [S, r, 1, 8]
+        acc = xg[0] * wg[0] + 0.0  # [S, r, O, 8]; the kernels' lanes start from 0.0
+        for xk, wk in zip(xg[1:], wg[1:]):
+            acc = acc + xk * wk
+        parts.append(lane_sum(acc))  # one group of eight: just the lane tree
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
+def _dw_torch(g: Tensor, x: Tensor) -> Tensor:
+    """The kernel's weight gradient in torch ops: sequential over the rows, from 0.0."""
+    gt = g.transpose(1, 2)  # [S, O, B]
+    dw = x.new_zeros(x.shape[0], g.shape[2], x.shape[2])
+    for b in range(x.shape[1]):
+        dw = dw + gt[:, :, b:b + 1] * x[:, b:b + 1, :]
+    return dw
+
+
+def _dx(g: Tensor, w: Tensor) -> Tensor:
+    """``g @ w`` (``[S, B, O] x [S, O, I]``), sequential over the few outputs: the same bits
+    on every machine (a BLAS may pick its kernel, and so its order, by CPU)."""
+    dx = g[:, :, 0:1] * w[:, 0:1, :]
+    for o in range(1, w.shape[1]):
+        dx = dx + g[:, :, o:o + 1] * w[:, o:o + 1, :]
+    return dx
+
+
 # Ops for compiled graphs, declared with `torch.library.Library` (a few µs a call, against
-# ~25 µs for `torch.library.custom_op`); autograd is `_NativeLinear`'s, around them.
+# ~25 µs for `torch.library.custom_op`); autograd is `_Linear`'s, around them.
 OPS = torch.library.Library("nalu_sweep", "FRAGMENT")
 OPS.define("linear_fwd(Tensor x, Tensor w) -> Tensor")
 OPS.define("linear_dw(Tensor g, Tensor x) -> Tensor")
@@ -99,13 +155,16 @@ def _rows_contiguous(x: Tensor) -> Tensor:
     return x.contiguous()
 
 
-class _NativeLinear(torch.autograd.Function):
-    """``z = (w @ xᵀ)ᵀ`` by the kernel; gradients: ``dw`` by the kernel, ``dx = g @ w``."""
+class _Linear(torch.autograd.Function):
+    """``z = (w @ xᵀ)ᵀ`` and ``dw`` by the kernel, or by torch ops in its order when it
+    cannot be had; ``dx`` by `_dx` on both paths."""
 
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor) -> Tensor:
         x = _rows_contiguous(x)
         ctx.save_for_backward(x, w)
+        if not native_available():
+            return _fwd_torch(x, w)
         if torch.compiler.is_compiling():
             return torch.ops.nalu_sweep.linear_fwd(x, w)
         return _fwd_native(x, w)
@@ -114,10 +173,12 @@ class _NativeLinear(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
         x, w = ctx.saved_tensors
-        gx = torch.matmul(g, w) if ctx.needs_input_grad[0] else None
+        gx = _dx(g, w) if ctx.needs_input_grad[0] else None
         gw = None
         if ctx.needs_input_grad[1]:
-            if torch.compiler.is_compiling():
+            if not native_available():
+                gw = _dw_torch(g, x)
+            elif torch.compiler.is_compiling():
                 gw = torch.ops.nalu_sweep.linear_dw(g, x)
             else:
                 gw = _dw_native(g, x)
@@ -125,54 +186,84 @@ class _NativeLinear(torch.autograd.Function):
 
 
 def usable(x: Tensor, w: Tensor) -> bool:
-    """Whether `linear` takes the native path for these operands."""
+    """Whether `linear` takes the kernel's path (the kernel, or torch ops in its order) for
+    these operands; it does not depend on whether the kernel could be built."""
     return (
         x.device.type == "cpu" and w.device.type == "cpu"
         and x.dtype == torch.float32 and w.dtype == torch.float32
         and x.dim() == 3 and w.dim() == 3 and w.is_contiguous()
         and x.shape[0] == w.shape[0] and x.shape[2] == w.shape[2]
         and 1 <= w.shape[1] <= MAX_OUT and x.shape[1] >= 1 and x.shape[2] >= 1
-        and native_available()
     )
 
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
-    """``x [S, B, in]``, ``w [S, out, in]`` -> ``[S, B, out]``, natively where `usable`."""
+    """``x [S, B, in]``, ``w [S, out, in]`` -> ``[S, B, out]``, by `_Linear` where `usable`."""
     if usable(x, w):
-        return _NativeLinear.apply(x, w)
+        return _Linear.apply(x, w)
     return torch.matmul(w, x.transpose(-1, -2)).transpose(-1, -2)
 
 
 # -- NMU with two inputs, eager CPU ------------------------------------------------------------
 def nmu2_usable(x: Tensor, w: Tensor) -> bool:
-    """Whether `nmu2` runs natively: eager (inductor fuses the torch formula better), CPU
-    float32, ``x [S, B, 2]``, contiguous ``w [S, out, 2]``."""
+    """Whether `nmu2` runs (natively, or by torch ops in the kernel's order): eager (inductor
+    fuses the torch formula better), CPU float32, ``x [S, B, 2]``, contiguous ``w [S, out, 2]``.
+    It does not depend on whether the kernel could be built."""
     return (
         not torch.compiler.is_compiling()
         and x.device.type == "cpu" and w.device.type == "cpu"
         and x.dtype == torch.float32 and w.dtype == torch.float32
         and x.dim() == 3 and w.dim() == 3 and w.is_contiguous()
         and x.shape[0] == w.shape[0] and x.shape[2] == 2 and w.shape[2] == 2
-        and _lib() is not None
     )
 
 
-class _NativeNMU2(torch.autograd.Function):
-    """`nmu2` by the kernel: forward and both gradients (first order only)."""
+def _nmu2_factors(x: Tensor, w: Tensor) -> tuple[Tensor, ...]:
+    """``a, c`` (inputs minus 1, ``[S, B, 1]``), ``wa, wc`` (``[S, 1, O]``) and the factors
+    ``fa = wa a + 1``, ``fc = wc c + 1`` (``[S, B, O]``)."""
+    a, c = x[..., 0:1] - 1.0, x[..., 1:2] - 1.0
+    wa, wc = w[..., 0].unsqueeze(1), w[..., 1].unsqueeze(1)
+    return a, c, wa, wc, wa * a + 1.0, wc * c + 1.0
+
+
+def _nmu2_bwd_torch(g: Tensor, x: Tensor, w: Tensor, need_gx: bool) -> tuple[Tensor | None, Tensor]:
+    """`nalu_nmu2_bwd` in torch ops, in its order."""
+    a, c, wa, wc, fa, fc = _nmu2_factors(x, w)
+    ga, gc = g * fc, g * fa  # [S, B, O]
+    gw = torch.stack([lane_sum(ga * a, 1), lane_sum(gc * c, 1)], -1)  # [S, O, 2]
+    gx = None
+    if need_gx:
+        ta, tc = ga * wa, gc * wc
+        gxa, gxc = ta[..., 0], tc[..., 0]
+        for o in range(1, w.shape[1]):
+            gxa, gxc = gxa + ta[..., o], gxc + tc[..., o]
+        gx = torch.stack([gxa, gxc], -1)
+    return gx, gw
+
+
+class _NMU2(torch.autograd.Function):
+    """`nmu2`: forward and both gradients (first order only) by the kernel, or by torch ops
+    in its order."""
 
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor) -> Tensor:
+        ctx.save_for_backward(x, w)
+        if not native_available():
+            *_, fa, fc = _nmu2_factors(x, w)
+            return fa * fc
         S, B, _ = x.shape
         O = w.shape[1]
         z = torch.empty(S, B, O, dtype=torch.float32)
         _lib().nalu_nmu2_fwd(z.data_ptr(), x.data_ptr(), w.data_ptr(), S, B, O, *x.stride())
-        ctx.save_for_backward(x, w)
         return z
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
         x, w = ctx.saved_tensors
+        if not native_available():
+            gx, gw = _nmu2_bwd_torch(g, x, w, ctx.needs_input_grad[0])
+            return gx, (gw if ctx.needs_input_grad[1] else None)
         S, B, _ = x.shape
         O = w.shape[1]
         g = g.contiguous()
@@ -184,5 +275,5 @@ class _NativeNMU2(torch.autograd.Function):
 
 
 def nmu2(x: Tensor, w: Tensor) -> Tensor:
-    """``Π_i (w_oi (x_i − 1) + 1)`` over two inputs by the native kernel (see `nmu2_usable`)."""
-    return _NativeNMU2.apply(x, w)
+    """``Π_i (w_oi (x_i − 1) + 1)`` over two inputs (see `nmu2_usable`)."""
+    return _NMU2.apply(x, w)
