@@ -20,11 +20,13 @@ SCALE = 1.0 / 16777216.0  # 2**-24: a float is (word >> 8) * 2**-24
 
 
 def mulhilo(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(hi, lo)`` 32-bit halves of ``m * x`` for int64 tensors ``0 <= x < 2**32``."""
-    a = (x & 0xFFFF) * m  # < 2**48
-    b = (x >> 16) * m  # < 2**48
-    t = a + ((b & 0xFFFF) << 16)  # < 2**49
-    return (b >> 16) + (t >> 32), t & MASK32
+    """``(hi, lo)`` 32-bit halves of ``m * x`` for int64 tensors ``0 <= x < 2**32``:
+    with ``a = x * (m mod 2**16)`` and ``b = x * (m div 2**16)`` (both below 2**48),
+    ``m x = a + b 2**16``, so ``hi = ((a >> 16) + b) >> 16`` and
+    ``lo = (a + ((b mod 2**16) << 16)) mod 2**32``."""
+    a = x * (m & 0xFFFF)
+    b = x * (m >> 16)
+    return ((a >> 16) + b) >> 16, (a + ((b & 0xFFFF) << 16)) & MASK32
 
 
 def as_stream_keys(keys: torch.Tensor) -> torch.Tensor:
@@ -67,6 +69,21 @@ def words(keys: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
     return b.reshape(b.shape[0], 4 * nb)[:, :n]
 
 
+_EAGER_CHUNK = 1 << 14  # blocks per chunk of the eager CPU path (its temporaries stay in cache)
+
+
 def uniform(keys: torch.Tensor, counter: torch.Tensor, n: int) -> torch.Tensor:
-    """U[0, 1) float32 ``[S, n]``: ``(word >> 8) * 2**-24`` (exact: 24 random mantissa bits)."""
-    return (words(keys, counter, n) >> 8).to(torch.float32) * SCALE
+    """U[0, 1) float32 ``[S, n]``: ``(word >> 8) * 2**-24`` (exact: 24 random mantissa bits).
+    Eager on CPU in chunks of blocks: the temporaries stay in cache instead of each op
+    allocating (and page-faulting) a multi-MB tensor."""
+    keys = as_stream_keys(keys)
+    S = keys.shape[0]
+    if torch.compiler.is_compiling() or keys.device.type != "cpu" or S * n <= _EAGER_CHUNK:
+        return (words(keys, counter, n) >> 8).to(torch.float32) * SCALE
+    nb = (n + 3) // 4
+    out = torch.empty(S, 4 * nb, dtype=torch.float32)
+    step = max(1, _EAGER_CHUNK // S)
+    for b in range(0, nb, step):
+        w = blocks(keys, counter, min(step, nb - b), first=b)
+        out[:, 4 * b:4 * b + w.shape[1] * 4] = (w.reshape(S, -1) >> 8).to(torch.float32) * SCALE
+    return out[:, :n]
