@@ -1,5 +1,6 @@
 """Milliseconds per [100, 128, 100] uniform draw on ONE CPU thread (the data of one training
-step at 100 seeds x batch 128 x 100 inputs).
+step at 100 seeds x batch 128 x 100 inputs). "new" rows: the Philox4x32-10 generator of
+`service.seeding.generator` (C kernel, torch ops); "old hash": an earlier home-made hash.
 
     python benchmarks/rng_speed.py             # all variants
     python benchmarks/rng_speed.py --quick     # skip torch.compile (saves ~1 min)
@@ -120,7 +121,7 @@ def main() -> None:
         assert torch.equal(ops_c(keys, step, n).view(S, *SHAPE), rng.uniform(keys, step, SHAPE))
 
     if args.diagnose:
-        diagnose(keys)
+        diagnose(old_keys)
 
 
 def diagnose(keys: torch.Tensor) -> None:
