@@ -88,7 +88,8 @@ class Range(BaseModel):
 
     def from_uniform(self, u: torch.Tensor) -> torch.Tensor:
         """Map U[0,1) numbers onto the range, keeping each interval's share of the length
-        (`service.rng.map_to_intervals`; `service.seeding.generator.sample` draws and maps in one pass)."""
+        (`service.seeding.generator.map_to_intervals`; its `sample` draws and maps in one
+        pass)."""
         return rng.map_to_intervals(u, self.intervals)
 
     def sample(self, shape: tuple[int, ...], generator: torch.Generator,
