@@ -6,10 +6,11 @@ and is cheap on CPU or GPU, eager or inside ``torch.compile``.
 
 The generator: Philox4x32-10
 ----------------------------
-The counter-based generator of Random123 (Salmon et al., SC 2011), also cuRAND's default
-and JAX's / TensorFlow's ``philox``: ten rounds of two 32 x 32 -> 64-bit multiplies
-(0xD2511F53, 0xCD9E8D57) on a 128-bit counter under a 64-bit key bumped by the Weyl
-increments (0x9E3779B9, 0xBB67AE85); it passes BigCrush with a wide margin.
+The counter-based generator of Random123 (Salmon et al., SC 2011), also cuRAND's
+``Philox4_32_10`` (behind PyTorch's CUDA random numbers) and TensorFlow's ``philox``: ten
+rounds of two 32 x 32 -> 64-bit multiplies (0xD2511F53, 0xCD9E8D57) on a 128-bit counter
+under a 64-bit key bumped by the Weyl increments (0x9E3779B9, 0xBB67AE85); the paper finds
+it passes TestU01's BigCrush with rounds to spare.
 
 Layout (`service.seeding.streams`): ``keys`` holds int64 rows ``(k0, k1, seed_id)``::
 
@@ -32,7 +33,8 @@ Implementations, bit-for-bit identical
   ctypes; inside ``torch.compile`` the opaque op ``nalu_sweep::rng_uniform``.
 * Otherwise (CUDA and any other device, no C compiler, ``NALU_SWEEP_RNG_NATIVE=0`` or
   ``NALU_SWEEP_NATIVE=0``): `service.seeding.philox`, the same integers from int64 torch
-  ops (exact 32 x 32 -> 64 products from 16-bit halves); fused by inductor/triton when
+  ops (exact 32 x 32 -> 64 products from 16-bit halves of the multiplier, nothing relies on
+  integer overflow); fused by inductor/triton when
   compiled. The CUDA path is exactly this torch-ops code.
 
 Training batches: `sample`
