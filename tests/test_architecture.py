@@ -16,7 +16,7 @@ MAX_LINES = 420
 LAYERS: list[set[str]] = [
     {"errors", "limits", "names", "formatting", "frozen", "yamlio", "endpoints"},
     {"native"},
-    {"seeding", "rng"},
+    {"seeding"},
     {"units", "tasks"},
     {"config"},
     {"scoring"},

@@ -1,5 +1,6 @@
-"""The counter-based generator in `service.rng`: purity, distribution, independence, and
-bit-for-bit agreement of its implementations (C kernel, torch ops, compiled)."""
+"""The counter-based generator in `service.seeding.generator`: purity, distribution,
+independence, and bit-for-bit agreement of its implementations (C kernel, torch ops,
+compiled). Philox itself (known answers, stream layout): `tests/test_philox.py`."""
 
 from __future__ import annotations
 
@@ -12,11 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from service import rng
+from service.seeding import generator as rng
+from service.native.ordered import lane_sum
+from service.seeding import philox, stream_keys
 from service.tasks.ranges import Range
 
 ROOT = Path(__file__).resolve().parents[1]
-KEYS = torch.tensor([(i * 2654435761 + 12345) & 0x7FFF_FFFF for i in range(100)], dtype=torch.int64)
+SEED_IDS = [(i * 2654435761 + 12345) & 0xFFFF_FFFF for i in range(100)]
+KEYS = stream_keys(0, "data", SEED_IDS)
 SHAPE = (128, 100)
 COUNTERS = [0, 1, 2, 4_999_999, 5_000_000, (1 << 40) + 17, (3 << 40) + 4_999_999]
 
@@ -55,7 +59,8 @@ def test_deterministic_and_counter_forms_agree():
     b = rng.uniform(KEYS, torch.tensor(12345), SHAPE)
     c = rng.uniform(KEYS, 12345, SHAPE)
     d = rng.uniform(KEYS.to(torch.int32), torch.tensor(12345, dtype=torch.int64), SHAPE)
-    assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d)
+    e = rng.uniform(KEYS.t().contiguous().t(), 12345, SHAPE)  # column-major rows
+    assert torch.equal(a, b) and torch.equal(a, c) and torch.equal(a, d) and torch.equal(a, e)
     assert not torch.equal(a, rng.uniform(KEYS, 12346, SHAPE))
 
 
@@ -103,10 +108,12 @@ def test_no_correlation_between_neighbours(counter):
     for lag in (1, 2, 100):  # adjacent elements, and the same input of adjacent batch rows
         _assert_uncorrelated(u[:, :-lag], u[:, lag:], f"elements at lag {lag}")
     _assert_uncorrelated(u[:-1], u[1:], "adjacent seeds in a batch")
-    next_keys = rng.uniform(KEYS + 1, counter, SHAPE).reshape(100, -1)
-    _assert_uncorrelated(u, next_keys, "keys k and k + 1")
-    seq = rng.uniform(torch.arange(101), counter, SHAPE).reshape(101, -1)
-    _assert_uncorrelated(seq[:-1], seq[1:], "sequential keys 0, 1, 2, ...")
+    next_ids = rng.uniform(stream_keys(0, "data", [s + 1 for s in SEED_IDS]), counter, SHAPE).reshape(100, -1)
+    _assert_uncorrelated(u, next_ids, "seed ids s and s + 1")
+    seq = rng.uniform(stream_keys(0, "data", range(101)), counter, SHAPE).reshape(101, -1)
+    _assert_uncorrelated(seq[:-1], seq[1:], "sequential seed ids 0, 1, 2, ...")
+    other_name = rng.uniform(stream_keys(0, "noise", SEED_IDS), counter, SHAPE).reshape(100, -1)
+    _assert_uncorrelated(u, other_name, "streams data and noise of one seed")
     next_step = rng.uniform(KEYS, counter + 1, SHAPE).reshape(100, -1)
     _assert_uncorrelated(u, next_step, "steps t and t + 1")
     other_stream = rng.uniform(KEYS, counter + (1 << 40), SHAPE).reshape(100, -1)
@@ -123,21 +130,6 @@ def test_pairs_fill_the_unit_square():
     chi2 = float(((hist - e) ** 2 / e).sum())
     dof = m * m - 1
     assert abs(chi2 - dof) < 5 * math.sqrt(2 * dof)
-
-
-def test_streams_never_share_parameters():
-    """(G, B) per (seed, step): distinct across 100 seeds x 20k steps near 5e6, and B is a
-    bijection of the step for a fixed seed (so no step repeats another's stream)."""
-    steps = torch.arange(4_990_000, 5_010_000, dtype=torch.int64)
-    keys = KEYS.repeat_interleave(len(steps))
-    counters = steps.repeat(len(KEYS))
-    g, b = rng._stream_words(keys, counters)
-    assert bool((g & 1).all())
-    pair = (g.long() & 0xFFFF_FFFF) << 32 | (b.long() & 0xFFFF_FFFF)
-    assert torch.unique(pair).numel() == pair.numel()
-    per_seed = b.view(len(KEYS), -1)
-    for row in per_seed[:5]:
-        assert torch.unique(row).numel() == row.numel()
 
 
 def test_consecutive_steps_are_not_shifted_copies():
@@ -162,6 +154,24 @@ def test_cpu_kernel_matches_torch_ops(n):
         c = torch.tensor(counter)
         native = rng.uniform(KEYS, c, (n,))
         assert torch.equal(native, rng._uniform_torch(KEYS, c, n))
+        assert torch.equal(native, philox.uniform(KEYS, c, n))
+
+
+@pytest.mark.parametrize("n", [1, 5, 47, 48, 49, 100, 12807])
+def test_portable_c_matches_avx2(n):
+    if not rng.native_available():
+        pytest.skip("no native kernel here")
+    lib = rng._lib_state["lib"]
+    avx2 = [rng.uniform(KEYS, c, (n,)) for c in COUNTERS]
+    sampled = [rng.sample(KEYS, c, (n,), ((-6.0, -2.0), (2.0, 6.0)), ((0, n),)) for c in COUNTERS]
+    lib.nalu_rng_force_portable(1)
+    try:
+        for c, u, (x, s) in zip(COUNTERS, avx2, sampled):
+            assert torch.equal(rng.uniform(KEYS, c, (n,)), u)
+            px, ps = rng.sample(KEYS, c, (n,), ((-6.0, -2.0), (2.0, 6.0)), ((0, n),))
+            assert torch.equal(px, x) and torch.equal(ps, s)
+    finally:
+        lib.nalu_rng_force_portable(0)
 
 
 def test_uniform_into():
@@ -178,7 +188,7 @@ def test_uniform_into():
 def _run_isolated(tmp_path: Path, env_extra: dict[str, str], name: str) -> torch.Tensor:
     code = (
         "import torch, warnings\n"
-        "from service import rng\n"
+        "from service.seeding import generator as rng\n"
         "keys = torch.tensor(%r, dtype=torch.int64)\n"
         "with warnings.catch_warnings(record=True) as w:\n"
         "    warnings.simplefilter('always')\n"
@@ -199,7 +209,7 @@ def test_fallbacks_give_the_same_numbers(tmp_path):
     assert not no_cc["native"] and no_cc["warned"] >= 1 and torch.equal(no_cc["u"], expected)
     built = _run_isolated(tmp_path, {}, "built")  # builds into an empty cache
     assert torch.equal(built["u"], expected)
-    assert list((tmp_path / "cache").glob("rng-*.so"))
+    assert list((tmp_path / "cache").glob("philox-*.so"))
 
 
 @pytest.mark.slow
@@ -240,6 +250,7 @@ def test_sample_is_the_mapped_uniform_with_its_row_sums(intervals, shape, runs):
         assert torch.equal(x, Range(intervals=intervals).from_uniform(u))
         assert sums.shape == (100, *shape[:-1], len(runs))
         for j, (a, e) in enumerate(runs):
+            assert torch.equal(sums[..., j], lane_sum(x[..., a:e]))  # the one order of every path
             torch.testing.assert_close(sums[..., j], x[..., a:e].sum(-1), rtol=1e-6, atol=1e-5)
 
 
@@ -259,7 +270,7 @@ def test_sample_fills_buffers_and_torch_path_agrees(monkeypatch):
     tx, tsums = rng.sample(KEYS, 42, SHAPE, ((1.0, 2.0),), runs, out=out)
     assert tx is not out[0]
     assert torch.equal(tx, x)
-    torch.testing.assert_close(tsums, sums, rtol=1e-6, atol=1e-5)
+    assert torch.equal(tsums, sums)  # bit-for-bit: both add in lane_sum's order
 
 
 def test_sample_rejects_bad_runs():

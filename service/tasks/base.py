@@ -103,7 +103,7 @@ class Task(Frozen):
     def operand_runs(self) -> tuple[tuple[int, int], ...] | None:
         """``((start, end), ...)`` when each operand is the plain sum ``x[..., start:end]``
         (so ``target(x) == apply_operation(those sums)``), else None. The trainer then
-        draws each batch together with these sums (`service.rng.sample`) instead of
+        draws each batch together with these sums (`service.seeding.generator.sample`) instead of
         re-reading the batch for the target."""
         return None
 

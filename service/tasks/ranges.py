@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from service import rng
+from service.seeding import generator as rng
 
 
 def _number(value: Any) -> bool:
@@ -89,7 +89,8 @@ class Range(BaseModel):
 
     def from_uniform(self, u: torch.Tensor) -> torch.Tensor:
         """Map U[0,1) numbers onto the range, keeping each interval's share of the length
-        (`service.rng.map_to_intervals`; `service.rng.sample` draws and maps in one pass)."""
+        (`service.seeding.generator.map_to_intervals`; its `sample` draws and maps in one
+        pass)."""
         return rng.map_to_intervals(u, self.intervals)
 
     def sample(self, shape: tuple[int, ...], generator: torch.Generator,

@@ -28,8 +28,10 @@ from service.errors import UserError
 from service.scoring.metrics import AggregateMetrics, EvalHistory, SeedMetrics
 from service.training.result import RunResult
 
-FORMAT = 1
-"""Version of the payload layout; a checkpoint of another version is refused."""
+FORMAT = 2
+"""Version of the payload layout; a checkpoint of another version is refused. 2: data and
+noise from Philox4x32-10 streams (a format-1 checkpoint was trained on another generator;
+continuing it would change its trajectory)."""
 
 _IGNORED_FIELDS = ("device", "compile", "cuda_graphs")
 """Run-config fields that do not change the trajectory (a run may move device or compile

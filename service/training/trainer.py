@@ -26,7 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from service import native, rng
+from service import native
+from service.seeding import generator as rng
 from service.config import RunConfig
 from service.scoring.metrics import EvalHistory, aggregate, per_seed_metrics
 from service.seeding import generator_for, stream_keys

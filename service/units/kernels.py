@@ -1,21 +1,31 @@
-"""Native CPU kernels for the two hot layers of the papers' models.
+"""The two hot layers of the papers' models, with native CPU kernels (``service/native/units.c``)
+and a torch fallback that adds in exactly the kernels' order.
 
 **Linear, few outputs.** Every additive layer of the papers' models is narrow: ``W [S,
 out, in]`` with ``out`` 1 or 2, applied to ``x [S, B, in]`` (``in`` = 100 on the arithmetic
 task). ``torch.bmm`` spends ~3 µs of set-up per seed on such tiny matrices (~0.3 ms per
-call at S = 100 on one CPU thread, forward and weight gradient alike); this kernel
-streams over the rows instead (~0.12 ms forward, ~0.15 ms weight gradient at S = 100).
-The maths is that of ``torch.matmul`` in float32: only the order of the additions inside
-each dot product differs (8-lane partial sums, then a fixed pairwise reduction), and each
-seed's numbers are computed from that seed's data alone, whatever its batch mates.
-`linear(x, w)` uses it on CPU float32 tensors when it is built (see `service.native`; it
-needs AVX2 and FMA) and ``out`` is small, else ``torch.matmul``; under ``torch.compile``
-it runs as the opaque ops ``nalu_sweep::linear_fwd`` / ``linear_dw``.
+call at S = 100 on one CPU thread, forward and weight gradient alike); the kernel streams
+over the rows instead. Each seed's numbers are computed from that seed's data alone,
+whatever its batch mates. `linear(x, w)` takes this path for CPU float32 operands with
+``out <= MAX_OUT``, else ``torch.matmul``; under ``torch.compile`` the kernel runs as the
+opaque ops ``nalu_sweep::linear_fwd`` / ``linear_dw``.
 
-**NMU with two inputs** (eager only: inductor fuses the torch formula just as well). The
-~10 small tensor operations of the forward and backward become one call each (~0.35 →
-~0.05 ms at S = 100); the forward does the same float operations as the torch formula, so
-its outputs are identical.
+**NMU with two inputs** (eager only: compiled graphs use the torch formula of
+`service.units.nmu`). The ~10 small tensor operations of the forward and backward become
+one call each (~0.35 → ~0.05 ms at S = 100); the forward does the same float operations as
+the torch formula.
+
+**Native and fallback give the same bits.** Where the kernels cannot be had (no C
+compiler, a CPU without AVX2/FMA, ``NALU_SWEEP_NATIVE=0``) the same layers run as torch ops
+in the kernels' order of additions (`service.native.ordered.lane_sum`, sequential sums;
+products rounded before they are added, never fused), so a trial retried on a node without
+a compiler continues the same trajectory. Orders (the C file says the same):
+
+* linear forward: ``lane_sum`` over the inputs;
+* linear weight gradient: sequential over the batch rows, from 0.0;
+* linear input gradient (torch ops on both paths): sequential over the outputs;
+* NMU weight gradient: ``lane_sum`` over the batch rows; input gradient: sequential over
+  the outputs.
 """
 
 from __future__ import annotations
@@ -23,269 +33,16 @@ from __future__ import annotations
 import ctypes
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from service import native
+from service.native.ordered import lane_sum
 
 MAX_OUT = 4
 """Widest ``out`` the kernel takes: it passes over the rows once per pair of outputs, so from
 ~8 outputs on ``bmm`` is faster (measured at S = 100, B = 128, in = 100 and 8)."""
-
-_C_SOURCE = r"""
-#include <stdint.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-
-__attribute__((target("avx2,fma"))) static inline float hsum8(__m256 v) {
-    __m128 a = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
-    a = _mm_add_ss(a, _mm_shuffle_ps(a, a, 1));
-    return _mm_cvtss_f32(a);
-}
-
-static const int32_t mask_tab[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-
-#define ACC4(c0, c1, load)                                                            \
-    { __m256 x0 = load(r0 + k), x1 = load(r1 + k), x2 = load(r2 + k), x3 = load(r3 + k); \
-      a00 = _mm256_fmadd_ps(x0, c0, a00); a01 = _mm256_fmadd_ps(x0, c1, a01);        \
-      a10 = _mm256_fmadd_ps(x1, c0, a10); a11 = _mm256_fmadd_ps(x1, c1, a11);        \
-      a20 = _mm256_fmadd_ps(x2, c0, a20); a21 = _mm256_fmadd_ps(x2, c1, a21);        \
-      a30 = _mm256_fmadd_ps(x3, c0, a30); a31 = _mm256_fmadd_ps(x3, c1, a31); }
-#define LOADU(p) _mm256_loadu_ps(p)
-#define LOADM(p) _mm256_maskload_ps((p), tail)
-
-/* z[s, b, o] = sum_i x[s, b, i] w[s, o, i]. x: rows of I contiguous floats, seed stride xs
-   (0 for an evaluation set shared by all seeds), row stride xr; w, z contiguous. */
-__attribute__((target("avx2,fma")))
-static void fwd_avx2(float *z, const float *x, const float *w, int64_t S, int64_t B, int64_t O,
-                     int64_t I, int64_t xs, int64_t xr) {
-    const int64_t nv = I / 8, rem = I % 8;
-    const __m256i tail = _mm256_loadu_si256((const __m256i *)(mask_tab + 8 - rem));
-    for (int64_t s = 0; s < S; s++) {
-        const float *xsd = x + s * xs, *ws = w + s * O * I;
-        float *zs = z + s * B * O;
-        for (int64_t o0 = 0; o0 < O; o0 += 2) {
-            const int two = o0 + 1 < O;
-            const float *w0 = ws + o0 * I, *w1 = ws + (o0 + two) * I;
-            /* an evaluation set shared by every seed (xs == 0; compute-bound, x stays in L1)
-               reduces the 8 dot products of a block at once (below) and takes the last rows
-               through the same block code (repeating the last row), so every row's number is
-               the same whatever the row count, i.e. whatever the evaluation chunk */
-            const int shared = xs == 0 && two;
-            int64_t b = 0;
-            for (; b + 4 <= B || (shared && b < B); b += 4) {  /* 4 rows x 2 outputs: 8 accumulators */
-                const float *r0 = xsd + b * xr;
-                const float *r1 = xsd + (b + 1 < B ? b + 1 : B - 1) * xr;
-                const float *r2 = xsd + (b + 2 < B ? b + 2 : B - 1) * xr;
-                const float *r3 = xsd + (b + 3 < B ? b + 3 : B - 1) * xr;
-                __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00;
-                __m256 a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-                int64_t k = 0;
-                for (int64_t v = 0; v < nv; v++, k += 8) {
-                    const __m256 c0 = _mm256_loadu_ps(w0 + k), c1 = _mm256_loadu_ps(w1 + k);
-                    ACC4(c0, c1, LOADU)
-                }
-                if (rem) {
-                    const __m256 c0 = LOADM(w0 + k), c1 = LOADM(w1 + k);
-                    ACC4(c0, c1, LOADM)
-                }
-                float *zb = zs + b * O + o0;
-                if (shared) {
-                    /* horizontal adds transpose-reduce the 8 accumulators into
-                       [z(b, o0), z(b, o0 + 1), z(b + 1, o0), ..., z(b + 3, o0 + 1)] */
-                    const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a00, a01), _mm256_hadd_ps(a10, a11));
-                    const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a20, a21), _mm256_hadd_ps(a30, a31));
-                    float t[8];
-                    _mm256_storeu_ps(t, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
-                                                      _mm256_permute2f128_ps(u0, u1, 0x31)));
-                    for (int r = 0; r < 4 && b + r < B; r++) { zb[r * O] = t[2 * r]; zb[r * O + 1] = t[2 * r + 1]; }
-                    continue;
-                }
-                zb[0] = hsum8(a00); zb[O] = hsum8(a10); zb[2 * O] = hsum8(a20); zb[3 * O] = hsum8(a30);
-                if (two) {
-                    zb[1] = hsum8(a01); zb[O + 1] = hsum8(a11); zb[2 * O + 1] = hsum8(a21); zb[3 * O + 1] = hsum8(a31);
-                }
-            }
-            for (; b < B; b++) {
-                const float *r0 = xsd + b * xr;
-                __m256 a00 = _mm256_setzero_ps(), a01 = a00;
-                int64_t k = 0;
-                for (int64_t v = 0; v < nv; v++, k += 8) {
-                    const __m256 x0 = _mm256_loadu_ps(r0 + k);
-                    a00 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w0 + k), a00);
-                    a01 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(w1 + k), a01);
-                }
-                if (rem) {
-                    const __m256 x0 = LOADM(r0 + k);
-                    a00 = _mm256_fmadd_ps(x0, LOADM(w0 + k), a00);
-                    a01 = _mm256_fmadd_ps(x0, LOADM(w1 + k), a01);
-                }
-                zs[b * O + o0] = hsum8(a00);
-                if (two) zs[b * O + o0 + 1] = hsum8(a01);
-            }
-        }
-    }
-}
-
-/* One block of NV column vectors (the last one masked when has_tail) of two output rows,
-   accumulated over all B rows in registers. */
-__attribute__((target("avx2,fma"), always_inline)) static inline void dw_block(
-        float *d0, float *d1, const float *g, const float *xb, int64_t B, int64_t O, int64_t xr,
-        int two, const int NV, int has_tail, __m256i tail) {
-    __m256 a0[6], a1[6];
-    const int full = NV - has_tail;
-    for (int j = 0; j < NV; j++) { a0[j] = _mm256_setzero_ps(); a1[j] = _mm256_setzero_ps(); }
-    for (int64_t b = 0; b < B; b++) {
-        const float *r = xb + b * xr;
-        const __m256 g0 = _mm256_set1_ps(g[b * O]);
-        const __m256 g1 = _mm256_set1_ps(two ? g[b * O + 1] : 0.0f);
-        for (int j = 0; j < NV; j++) {
-            const __m256 xv = j < full ? _mm256_loadu_ps(r + 8 * j) : _mm256_maskload_ps(r + 8 * j, tail);
-            a0[j] = _mm256_fmadd_ps(g0, xv, a0[j]);
-            a1[j] = _mm256_fmadd_ps(g1, xv, a1[j]);
-        }
-    }
-    for (int j = 0; j < NV; j++) {
-        if (j < full) {
-            _mm256_storeu_ps(d0 + 8 * j, a0[j]);
-            if (two) _mm256_storeu_ps(d1 + 8 * j, a1[j]);
-        } else {
-            _mm256_maskstore_ps(d0 + 8 * j, tail, a0[j]);
-            if (two) _mm256_maskstore_ps(d1 + 8 * j, tail, a1[j]);
-        }
-    }
-}
-
-/* dw[s, o, i] = sum_b g[s, b, o] x[s, b, i]; g contiguous [S, B, O]. */
-__attribute__((target("avx2,fma")))
-static void dw_avx2(float *dw, const float *g, const float *x, int64_t S, int64_t B, int64_t O,
-                    int64_t I, int64_t xs, int64_t xr) {
-    const int64_t nvt = (I + 7) / 8, rem = I % 8;
-    const __m256i tail = _mm256_loadu_si256((const __m256i *)(mask_tab + 8 - (rem ? rem : 8)));
-    for (int64_t s = 0; s < S; s++) {
-        const float *xsd = x + s * xs, *gs = g + s * B * O;
-        float *dws = dw + s * O * I;
-        for (int64_t o0 = 0; o0 < O; o0 += 2) {
-            const int two = o0 + 1 < O;
-            for (int64_t v0 = 0; v0 < nvt; v0 += 6) {
-                const int64_t nv = nvt - v0 < 6 ? nvt - v0 : 6;
-                const int ht = v0 + nv == nvt && rem;
-                float *e0 = dws + o0 * I + v0 * 8, *e1 = dws + (o0 + two) * I + v0 * 8;
-                const float *xb = xsd + v0 * 8, *go = gs + o0;
-                switch (nv) {
-                case 6: dw_block(e0, e1, go, xb, B, O, xr, two, 6, ht, tail); break;
-                case 5: dw_block(e0, e1, go, xb, B, O, xr, two, 5, ht, tail); break;
-                case 4: dw_block(e0, e1, go, xb, B, O, xr, two, 4, ht, tail); break;
-                case 3: dw_block(e0, e1, go, xb, B, O, xr, two, 3, ht, tail); break;
-                case 2: dw_block(e0, e1, go, xb, B, O, xr, two, 2, ht, tail); break;
-                default: dw_block(e0, e1, go, xb, B, O, xr, two, 1, ht, tail); break;
-                }
-            }
-        }
-    }
-}
-
-static int has_avx2_fma(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-}
-#else
-static int has_avx2_fma(void) { return 0; }
-#endif
-
-/* Both return 0 when done, -1 when the CPU lacks AVX2/FMA (the caller then uses torch). */
-int nalu_linear_fwd(float *z, const float *x, const float *w, int64_t S, int64_t B, int64_t O,
-                    int64_t I, int64_t xs, int64_t xr) {
-#if defined(__x86_64__) || defined(__i386__)
-    if (has_avx2_fma()) { fwd_avx2(z, x, w, S, B, O, I, xs, xr); return 0; }
-#endif
-    return -1;
-}
-
-int nalu_linear_dw(float *dw, const float *g, const float *x, int64_t S, int64_t B, int64_t O,
-                   int64_t I, int64_t xs, int64_t xr) {
-#if defined(__x86_64__) || defined(__i386__)
-    if (has_avx2_fma()) { dw_avx2(dw, g, x, S, B, O, I, xs, xr); return 0; }
-#endif
-    return -1;
-}
-
-int nalu_linear_isa(void) { return has_avx2_fma(); }
-
-/* NMU with two inputs (portable C, float32, no contraction: the same operations as torch).
-   f_i = w[s, o, i] * (x[s, b, i] - 1) + 1;  z[s, b, o] = f_0 * f_1.
-   x: [S, B, 2] with seed stride xs, row stride xr and element stride xe; w: [S, O, 2]. */
-void nalu_nmu2_fwd(float *z, const float *x, const float *w, int64_t S, int64_t B, int64_t O,
-                   int64_t xs, int64_t xr, int64_t xe) {
-    if (O == 1 && xr == 2 && xe == 1 && xs == 2 * B) {  /* the usual case: one contiguous loop */
-        for (int64_t s = 0; s < S; s++) {
-            const float wa = w[2 * s], wc = w[2 * s + 1];
-            const float *xsd = x + s * xs;
-            float *zs = z + s * B;
-            for (int64_t b = 0; b < B; b++)
-                zs[b] = (wa * (xsd[2 * b] - 1.0f) + 1.0f) * (wc * (xsd[2 * b + 1] - 1.0f) + 1.0f);
-        }
-        return;
-    }
-    for (int64_t s = 0; s < S; s++) {
-        const float *ws = w + s * O * 2;
-        for (int64_t b = 0; b < B; b++) {
-            const float *xb = x + s * xs + b * xr;
-            const float a = xb[0] - 1.0f, c = xb[xe] - 1.0f;
-            float *zb = z + (s * B + b) * O;
-            for (int64_t o = 0; o < O; o++)
-                zb[o] = (ws[2 * o] * a + 1.0f) * (ws[2 * o + 1] * c + 1.0f);
-        }
-    }
-}
-
-/* Gradients of nalu_nmu2_fwd for the upstream gradient g [S, B, O] (contiguous):
-   gx [S, B, 2] (skipped when NULL) and gw [S, O, 2], both contiguous. */
-void nalu_nmu2_bwd(float *gx, float *gw, const float *g, const float *x, const float *w,
-                   int64_t S, int64_t B, int64_t O, int64_t xs, int64_t xr, int64_t xe) {
-    if (O == 1 && xr == 2 && xe == 1 && xs == 2 * B && gx) {  /* the usual case, vectorisable */
-        for (int64_t s = 0; s < S; s++) {
-            const float wa = w[2 * s], wc = w[2 * s + 1];
-            const float *xsd = x + s * xs, *gs = g + s * B;
-            float *gxs = gx + s * 2 * B;
-            float sa = 0.0f, sc = 0.0f;
-            for (int64_t b = 0; b < B; b++) {
-                const float a = xsd[2 * b] - 1.0f, c = xsd[2 * b + 1] - 1.0f;
-                const float ga = gs[b] * (wc * c + 1.0f), gc = gs[b] * (wa * a + 1.0f);
-                sa += ga * a;
-                sc += gc * c;
-                gxs[2 * b] = ga * wa;
-                gxs[2 * b + 1] = gc * wc;
-            }
-            gw[2 * s] = sa;
-            gw[2 * s + 1] = sc;
-        }
-        return;
-    }
-    for (int64_t s = 0; s < S; s++) {
-        const float *ws = w + s * O * 2;
-        float *gws = gw + s * O * 2;
-        for (int64_t k = 0; k < O * 2; k++) gws[k] = 0.0f;
-        for (int64_t b = 0; b < B; b++) {
-            const float *xb = x + s * xs + b * xr;
-            const float a = xb[0] - 1.0f, c = xb[xe] - 1.0f;
-            const float *gb = g + (s * B + b) * O;
-            float gxa = 0.0f, gxc = 0.0f;
-            for (int64_t o = 0; o < O; o++) {
-                const float wa = ws[2 * o], wc = ws[2 * o + 1];
-                const float ga = gb[o] * (wc * c + 1.0f), gc = gb[o] * (wa * a + 1.0f);
-                gws[2 * o] += ga * a;
-                gws[2 * o + 1] += gc * c;
-                gxa += ga * wa;
-                gxc += gc * wc;
-            }
-            if (gx) { gx[(s * B + b) * 2] = gxa; gx[(s * B + b) * 2 + 1] = gxc; }
-        }
-    }
-}
-"""
-
 
 def _setup(lib: ctypes.CDLL) -> ctypes.CDLL:
     args = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
@@ -300,7 +57,7 @@ def _setup(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def _lib() -> ctypes.CDLL | None:
-    return native.load("units", _C_SOURCE, _setup)
+    return native.load("units", _setup)
 
 
 @torch.compiler.assume_constant_result
@@ -328,8 +85,52 @@ def _dw_native(g: Tensor, x: Tensor) -> Tensor:
     return dw
 
 
+_FWD_CHUNK = 1 << 20  # accumulators per chunk of rows of the torch forward (bounds its memory)
+
+
+def _fwd_torch(x: Tensor, w: Tensor) -> Tensor:
+    """The kernel's forward in torch ops: ``lane_sum`` over the inputs of ``x · w``, the
+    eight lanes accumulated group by group (no ``[S, B, O, I]`` product tensor)."""
+    S, B, I = x.shape
+    O = w.shape[1]
+    full, rest = divmod(I, 8)
+
+    def groups(t: Tensor) -> list[Tensor]:  # [..., I] -> views [..., 8] (the last one padded)
+        out = list(t[..., :8 * full].unflatten(-1, (full, 8)).unbind(-2)) if full else []
+        return out + ([F.pad(t[..., 8 * full:], (0, 8 - rest))] if rest else [])
+
+    wg = [v.unsqueeze(1) for v in groups(w)]  # [S, 1, O, 8]
+    rows = max(1, _FWD_CHUNK // max(1, S * O * 8))
+    parts = []
+    for b in range(0, B, rows):
+        xg = [v.unsqueeze(2) for v in groups(x[:, b:b + rows])]  # [S, r, 1, 8]
+        acc = xg[0] * wg[0] + 0.0  # [S, r, O, 8]; the kernels' lanes start from 0.0
+        for xk, wk in zip(xg[1:], wg[1:]):
+            acc = acc + xk * wk
+        parts.append(lane_sum(acc))  # one group of eight: just the lane tree
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+
+def _dw_torch(g: Tensor, x: Tensor) -> Tensor:
+    """The kernel's weight gradient in torch ops: sequential over the rows, from 0.0."""
+    gt = g.transpose(1, 2)  # [S, O, B]
+    dw = x.new_zeros(x.shape[0], g.shape[2], x.shape[2])
+    for b in range(x.shape[1]):
+        dw = dw + gt[:, :, b:b + 1] * x[:, b:b + 1, :]
+    return dw
+
+
+def _dx(g: Tensor, w: Tensor) -> Tensor:
+    """``g @ w`` (``[S, B, O] x [S, O, I]``), sequential over the few outputs: the same bits
+    on every machine (a BLAS may pick its kernel, and so its order, by CPU)."""
+    dx = g[:, :, 0:1] * w[:, 0:1, :]
+    for o in range(1, w.shape[1]):
+        dx = dx + g[:, :, o:o + 1] * w[:, o:o + 1, :]
+    return dx
+
+
 # Ops for compiled graphs, declared with `torch.library.Library` (a few µs a call, against
-# ~25 µs for `torch.library.custom_op`); autograd is `_NativeLinear`'s, around them.
+# ~25 µs for `torch.library.custom_op`); autograd is `_Linear`'s, around them.
 OPS = torch.library.Library("nalu_sweep", "FRAGMENT")
 OPS.define("linear_fwd(Tensor x, Tensor w) -> Tensor")
 OPS.define("linear_dw(Tensor g, Tensor x) -> Tensor")
@@ -354,13 +155,16 @@ def _rows_contiguous(x: Tensor) -> Tensor:
     return x.contiguous()
 
 
-class _NativeLinear(torch.autograd.Function):
-    """``z = (w @ xᵀ)ᵀ`` by the kernel; gradients: ``dw`` by the kernel, ``dx = g @ w``."""
+class _Linear(torch.autograd.Function):
+    """``z = (w @ xᵀ)ᵀ`` and ``dw`` by the kernel, or by torch ops in its order when it
+    cannot be had; ``dx`` by `_dx` on both paths."""
 
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor) -> Tensor:
         x = _rows_contiguous(x)
         ctx.save_for_backward(x, w)
+        if not native_available():
+            return _fwd_torch(x, w)
         if torch.compiler.is_compiling():
             return torch.ops.nalu_sweep.linear_fwd(x, w)
         return _fwd_native(x, w)
@@ -369,10 +173,12 @@ class _NativeLinear(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
         x, w = ctx.saved_tensors
-        gx = torch.matmul(g, w) if ctx.needs_input_grad[0] else None
+        gx = _dx(g, w) if ctx.needs_input_grad[0] else None
         gw = None
         if ctx.needs_input_grad[1]:
-            if torch.compiler.is_compiling():
+            if not native_available():
+                gw = _dw_torch(g, x)
+            elif torch.compiler.is_compiling():
                 gw = torch.ops.nalu_sweep.linear_dw(g, x)
             else:
                 gw = _dw_native(g, x)
@@ -380,54 +186,84 @@ class _NativeLinear(torch.autograd.Function):
 
 
 def usable(x: Tensor, w: Tensor) -> bool:
-    """Whether `linear` takes the native path for these operands."""
+    """Whether `linear` takes the kernel's path (the kernel, or torch ops in its order) for
+    these operands; it does not depend on whether the kernel could be built."""
     return (
         x.device.type == "cpu" and w.device.type == "cpu"
         and x.dtype == torch.float32 and w.dtype == torch.float32
         and x.dim() == 3 and w.dim() == 3 and w.is_contiguous()
         and x.shape[0] == w.shape[0] and x.shape[2] == w.shape[2]
         and 1 <= w.shape[1] <= MAX_OUT and x.shape[1] >= 1 and x.shape[2] >= 1
-        and native_available()
     )
 
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
-    """``x [S, B, in]``, ``w [S, out, in]`` -> ``[S, B, out]``, natively where `usable`."""
+    """``x [S, B, in]``, ``w [S, out, in]`` -> ``[S, B, out]``, by `_Linear` where `usable`."""
     if usable(x, w):
-        return _NativeLinear.apply(x, w)
+        return _Linear.apply(x, w)
     return torch.matmul(w, x.transpose(-1, -2)).transpose(-1, -2)
 
 
 # -- NMU with two inputs, eager CPU ------------------------------------------------------------
 def nmu2_usable(x: Tensor, w: Tensor) -> bool:
-    """Whether `nmu2` runs natively: eager (inductor fuses the torch formula better), CPU
-    float32, ``x [S, B, 2]``, contiguous ``w [S, out, 2]``."""
+    """Whether `nmu2` runs (natively, or by torch ops in the kernel's order): eager (inductor
+    fuses the torch formula better), CPU float32, ``x [S, B, 2]``, contiguous ``w [S, out, 2]``.
+    It does not depend on whether the kernel could be built."""
     return (
         not torch.compiler.is_compiling()
         and x.device.type == "cpu" and w.device.type == "cpu"
         and x.dtype == torch.float32 and w.dtype == torch.float32
         and x.dim() == 3 and w.dim() == 3 and w.is_contiguous()
         and x.shape[0] == w.shape[0] and x.shape[2] == 2 and w.shape[2] == 2
-        and _lib() is not None
     )
 
 
-class _NativeNMU2(torch.autograd.Function):
-    """`nmu2` by the kernel: forward and both gradients (first order only)."""
+def _nmu2_factors(x: Tensor, w: Tensor) -> tuple[Tensor, ...]:
+    """``a, c`` (inputs minus 1, ``[S, B, 1]``), ``wa, wc`` (``[S, 1, O]``) and the factors
+    ``fa = wa a + 1``, ``fc = wc c + 1`` (``[S, B, O]``)."""
+    a, c = x[..., 0:1] - 1.0, x[..., 1:2] - 1.0
+    wa, wc = w[..., 0].unsqueeze(1), w[..., 1].unsqueeze(1)
+    return a, c, wa, wc, wa * a + 1.0, wc * c + 1.0
+
+
+def _nmu2_bwd_torch(g: Tensor, x: Tensor, w: Tensor, need_gx: bool) -> tuple[Tensor | None, Tensor]:
+    """`nalu_nmu2_bwd` in torch ops, in its order."""
+    a, c, wa, wc, fa, fc = _nmu2_factors(x, w)
+    ga, gc = g * fc, g * fa  # [S, B, O]
+    gw = torch.stack([lane_sum(ga * a, 1), lane_sum(gc * c, 1)], -1)  # [S, O, 2]
+    gx = None
+    if need_gx:
+        ta, tc = ga * wa, gc * wc
+        gxa, gxc = ta[..., 0], tc[..., 0]
+        for o in range(1, w.shape[1]):
+            gxa, gxc = gxa + ta[..., o], gxc + tc[..., o]
+        gx = torch.stack([gxa, gxc], -1)
+    return gx, gw
+
+
+class _NMU2(torch.autograd.Function):
+    """`nmu2`: forward and both gradients (first order only) by the kernel, or by torch ops
+    in its order."""
 
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor) -> Tensor:
+        ctx.save_for_backward(x, w)
+        if not native_available():
+            *_, fa, fc = _nmu2_factors(x, w)
+            return fa * fc
         S, B, _ = x.shape
         O = w.shape[1]
         z = torch.empty(S, B, O, dtype=torch.float32)
         _lib().nalu_nmu2_fwd(z.data_ptr(), x.data_ptr(), w.data_ptr(), S, B, O, *x.stride())
-        ctx.save_for_backward(x, w)
         return z
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
         x, w = ctx.saved_tensors
+        if not native_available():
+            gx, gw = _nmu2_bwd_torch(g, x, w, ctx.needs_input_grad[0])
+            return gx, (gw if ctx.needs_input_grad[1] else None)
         S, B, _ = x.shape
         O = w.shape[1]
         g = g.contiguous()
@@ -439,5 +275,5 @@ class _NativeNMU2(torch.autograd.Function):
 
 
 def nmu2(x: Tensor, w: Tensor) -> Tensor:
-    """``Π_i (w_oi (x_i − 1) + 1)`` over two inputs by the native kernel (see `nmu2_usable`)."""
-    return _NativeNMU2.apply(x, w)
+    """``Π_i (w_oi (x_i − 1) + 1)`` over two inputs (see `nmu2_usable`)."""
+    return _NMU2.apply(x, w)

@@ -39,7 +39,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from service import rng
+from service.seeding import generator as rng
 from service.units import elementwise
 from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
 from service.units.linear import linear_forward, xavier_uniform_

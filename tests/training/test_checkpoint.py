@@ -14,7 +14,7 @@ import torch
 
 from service.config import RunConfig
 from service.training import Trainer
-from service.training.checkpoint import CheckpointError, TrainerCheckpoint, load_payload
+from service.training.checkpoint import FORMAT, CheckpointError, TrainerCheckpoint, load_payload
 
 
 def _config(**overrides) -> RunConfig:
@@ -206,5 +206,8 @@ def test_loading_never_unpickles_objects(tmp_path, capsys):
     with pytest.raises(CheckpointError):
         TrainerCheckpoint.load(tmp_path / "junk.pt")
     torch.save({"format": 99}, tmp_path / "future.pt")
-    with pytest.raises(CheckpointError, match="format 1"):
+    with pytest.raises(CheckpointError, match=f"format {FORMAT}"):
         TrainerCheckpoint.load(tmp_path / "future.pt")
+    torch.save({"format": 1}, tmp_path / "old-generator.pt")  # trained on the pre-Philox generator
+    with pytest.raises(CheckpointError, match=f"format {FORMAT}"):
+        TrainerCheckpoint.load(tmp_path / "old-generator.pt")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from service import rng
+from service.seeding import generator as rng
 from service.config import RunConfig
 from service.training import Trainer, train
 

@@ -3,14 +3,18 @@
 `build(name, source)` compiles ``source`` (plain C; AVX2/FMA paths are selected at run
 time with ``__attribute__((target(...)))``, never with ``-march=native``, so one cached
 library works on every x86-64 CPU) into ``<cache>/<name>-<hash>.so`` and loads it. The
-cache is ``$NALU_SWEEP_CACHE`` or ``~/.cache/nalu-sweep`` (a temporary directory when that
-is not writable); the hash covers the source, the compiler and the flags, so an edited
+cache is a private directory (`cache_dir`: ``$NALU_SWEEP_CACHE`` or ``~/.cache/nalu-sweep``,
+else ``<tmp>/nalu-sweep-<uid>``, else a fresh temporary one), used only when it is owned by
+this user and not writable by group or others, and a library is loaded only when it passes
+the same check; the hash covers the source, the compiler and the flags, so an edited
 kernel is rebuilt and concurrent builders never see a partial file (atomic rename).
 
-`load(name, source, setup)` does that once per process, thread-safely, and returns
+`load(name, setup)` builds ``service/native/<name>.c`` (package data) once per process,
+thread-safely, and returns
 ``setup(lib)`` or ``None`` (with one ``RuntimeWarning``) when no library can be had: no
 compiler, a read-only disk, Windows, or ``NALU_SWEEP_NATIVE=0``. Callers then use their
-torch-ops path, which gives the same numbers (the rng) or the same maths (linear layers).
+torch-ops path, which gives the same numbers (the rng, the units' kernels: see
+`service.native.ordered`).
 """
 
 from __future__ import annotations
@@ -22,13 +26,15 @@ import platform
 import shlex
 import shutil
 import subprocess
+import stat
 import sys
 import tempfile
 import threading
 import warnings
+from importlib import resources
 from typing import Callable, TypeVar
 
-__all__ = ["build", "load", "cache_dir", "ENV_NATIVE"]
+__all__ = ["build", "load", "source", "cache_dir", "ENV_NATIVE", "UnsafeCacheError"]
 
 ENV_NATIVE = "NALU_SWEEP_NATIVE"  # "0" turns every native kernel off
 ENV_CACHE = "NALU_SWEEP_CACHE"  # where compiled kernels are kept
@@ -41,21 +47,64 @@ errors: dict[str, str] = {}
 """Why a library could not be had, by name (for diagnostics)."""
 
 
-def cache_dir() -> str:
-    base = os.environ.get(ENV_CACHE)
-    if not base:
-        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        base = os.path.join(xdg, "nalu-sweep")
+class UnsafeCacheError(RuntimeError):
+    """A cache directory or library that another user could have written."""
+
+
+def _check_private(path: str, *, is_dir: bool) -> None:
+    """Raise `UnsafeCacheError` unless ``path`` is owned by this user and not writable by
+    its group or others (a directory, or a regular file that is not a link)."""
+    st = os.stat(path) if is_dir else os.lstat(path)
+    kind_ok = stat.S_ISDIR(st.st_mode) if is_dir else stat.S_ISREG(st.st_mode)
+    if not kind_ok:
+        raise UnsafeCacheError(f"{path} is not a {'directory' if is_dir else 'regular file'}")
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise UnsafeCacheError(f"{path} is owned by uid {st.st_uid}, not by this user ({os.getuid()})")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UnsafeCacheError(f"{path} is writable by its group or others (mode {stat.S_IMODE(st.st_mode):o})")
+
+
+def _private_dir(path: str) -> str:
+    """``path``, created with mode 0700 if missing; raises when it is unusable or unsafe."""
     try:
-        os.makedirs(base, exist_ok=True)
-        if os.access(base, os.W_OK):
-            return base
-    except OSError:
+        os.makedirs(path, mode=0o700)
+    except FileExistsError:
         pass
+    else:
+        os.chmod(path, 0o700)  # makedirs' mode is subject to the umask
+    _check_private(path, is_dir=True)
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise OSError(f"{path} is not writable")
+    return path
+
+
+def cache_dir() -> str:
+    """A private directory for compiled kernels: ``$NALU_SWEEP_CACHE``, else
+    ``$XDG_CACHE_HOME/nalu-sweep`` (``~/.cache/nalu-sweep``), else
+    ``<tmp>/nalu-sweep-<uid>``, else a fresh ``mkdtemp`` directory (a rebuild per process).
+    A candidate is used only if it is owned by this user and not group/world-writable
+    (a created one gets mode 0700); one that fails is skipped with a warning."""
+    candidates = []
+    if os.environ.get(ENV_CACHE):
+        candidates.append(os.environ[ENV_CACHE])
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        candidates.append(os.path.join(xdg, "nalu-sweep"))
     uid = os.getuid() if hasattr(os, "getuid") else "user"
-    base = os.path.join(tempfile.gettempdir(), f"nalu-sweep-{uid}")
-    os.makedirs(base, exist_ok=True)
-    return base
+    candidates.append(os.path.join(tempfile.gettempdir(), f"nalu-sweep-{uid}"))
+    for path in candidates:
+        try:
+            return _private_dir(path)
+        except UnsafeCacheError as e:
+            warnings.warn(f"service.native: not using kernel cache {path}: {e}", RuntimeWarning)
+        except OSError:
+            pass
+    return tempfile.mkdtemp(prefix="nalu-sweep-")  # mode 0700, ours
+
+
+def source(name: str) -> str:
+    """The C source ``service/native/<name>.c`` (package data)."""
+    return resources.files(__package__).joinpath(f"{name}.c").read_text(encoding="utf-8")
 
 
 def build(name: str, source: str) -> ctypes.CDLL:
@@ -77,17 +126,20 @@ def build(name: str, source: str) -> ctypes.CDLL:
             proc = subprocess.run([*cc, *_FLAGS, src, "-o", tmp_so], capture_output=True, text=True, timeout=120)
             if proc.returncode != 0:
                 raise RuntimeError(f"{cc[0]} failed: {proc.stderr.strip()[-2000:]}")
+            os.chmod(tmp_so, 0o700)  # whatever the umask: ours alone
             os.replace(tmp_so, so)  # atomic: concurrent builders never see a partial file
         finally:
             for p in (src, tmp_so):
                 if os.path.exists(p):
                     os.unlink(p)
+    _check_private(so, is_dir=False)  # never load a library someone else could have written
     return ctypes.CDLL(so)
 
 
-def load(name: str, source: str, setup: Callable[[ctypes.CDLL], T], env: str | None = None) -> T | None:
-    """``setup(build(name, source))``, once per process; ``None`` (and one warning) when the
-    library cannot be built or loaded, or when ``NALU_SWEEP_NATIVE`` (or ``env``) is "0"."""
+def load(name: str, setup: Callable[[ctypes.CDLL], T], env: str | None = None) -> T | None:
+    """``setup(build(name, source(name)))``, once per process; ``None`` (and one warning)
+    when the library cannot be built or loaded, or when ``NALU_SWEEP_NATIVE`` (or ``env``)
+    is "0"."""
     if name in _loaded:
         return _loaded[name]  # type: ignore[return-value]
     with _lock:
@@ -95,7 +147,7 @@ def load(name: str, source: str, setup: Callable[[ctypes.CDLL], T], env: str | N
             value = None
             try:
                 if os.environ.get(ENV_NATIVE, "1") != "0" and (env is None or os.environ.get(env, "1") != "0"):
-                    value = setup(build(name, source))
+                    value = setup(build(name, source(name)))
             except Exception as e:  # no compiler, read-only disk, exotic platform: torch ops
                 errors[name] = repr(e)
                 warnings.warn(f"service.native: {name} kernel unavailable, using torch ops ({e})", RuntimeWarning)

@@ -1,0 +1,20 @@
+"""Native C kernels: the sources (``philox.c``: the counter-based generator; ``units.c``: the
+narrow linear layers and the two-input NMU), shipped as package data, and the code that
+compiles them into a private per-user cache and loads them (`service.native.compiler`).
+`service.native.ordered` holds the torch-ops reductions in the kernels' order."""
+
+from service.native.compiler import (
+    ENV_CACHE,
+    ENV_MALLOPT,
+    ENV_NATIVE,
+    UnsafeCacheError,
+    build,
+    cache_dir,
+    errors,
+    load,
+    retain_freed_memory,
+    source,
+)
+
+__all__ = ["ENV_CACHE", "ENV_MALLOPT", "ENV_NATIVE", "UnsafeCacheError", "build", "cache_dir", "errors",
+           "load", "retain_freed_memory", "source"]

@@ -1,0 +1,31 @@
+"""Reductions in the fixed order of the native kernels, in torch ops.
+
+The C kernels (``philox.c``, ``units.c``) add along a dimension in one order: eight lanes,
+lane ``l`` accumulating elements ``l, l + 8, l + 16, ...`` from ``0.0`` (missing elements of
+the last group count as ``0.0``), then ``((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))``.
+`lane_sum` is that order in elementwise float32 torch ops, so a run without the kernels (no
+C compiler, another device) gets the same bits as one with them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+LANES = 8
+
+
+def lane_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Sum of ``x`` over ``dim`` in the kernels' order (the dimension is removed)."""
+    x = x.movedim(dim, -1)
+    n = x.shape[-1]
+    groups = max(1, (n + LANES - 1) // LANES)
+    if groups * LANES != n:
+        x = F.pad(x, (0, groups * LANES - n))
+    x = x.unflatten(-1, (groups, LANES))
+    acc = x[..., 0, :] + 0.0  # 0.0 + first group, as the kernels start from 0.0 (-0.0 -> 0.0)
+    for g in range(1, groups):
+        acc = acc + x[..., g, :]
+    pairs = acc[..., 0::2] + acc[..., 1::2]  # (l0 + l1), (l2 + l3), (l4 + l5), (l6 + l7)
+    quads = pairs[..., 0::2] + pairs[..., 1::2]
+    return quads[..., 0] + quads[..., 1]

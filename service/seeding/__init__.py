@@ -1,0 +1,10 @@
+"""Seeds and random streams.
+
+`service.seeding.streams`: seed ids, named seeds and the per-seed stream keys;
+`service.seeding.generator`: the counter-based generator (Philox4x32-10) that draws every
+seed's data from its stream (C kernel or torch ops, bit-for-bit equal);
+`service.seeding.philox`: the torch-ops Philox (fallback and CUDA path)."""
+
+from service.seeding.streams import SEED_ID_LIMIT, derive_seed, generator_for, stream_key, stream_keys
+
+__all__ = ["SEED_ID_LIMIT", "derive_seed", "generator_for", "stream_key", "stream_keys"]
