@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -70,7 +70,6 @@ class EvalReport:
     diverged: np.ndarray  # [S] bool
     history: EvalHistory
     elapsed_s: float
-    extra: dict = field(default_factory=dict)
     checkpoint: TrainerCheckpoint | None = None  # set every `checkpoint_every` evaluations
 
 
