@@ -50,6 +50,10 @@ def _fmt(value: float | None, spec: str = ".3g") -> str:
     return "—" if value is None or not np.isfinite(value) else format(value, spec)
 
 
+def _ci(low: float | None, high: float | None) -> str:
+    return "" if low is None or high is None else f"[{_fmt(low)}, {_fmt(high)}]"
+
+
 def print_run_result(result: RunResult, console: Console) -> None:
     """One configuration's outcome as a two-column table (readable in any terminal width)."""
     a = result.aggregate
@@ -62,7 +66,11 @@ def print_run_result(result: RunResult, console: Console) -> None:
     table.add_row("success rate [95% CI]", f"{a.successes}/{a.n_seeds} = {a.success_rate:.0%} "
                   f"[{a.success_ci_low:.0%}, {a.success_ci_high:.0%}]")
     table.add_row("solved_at median", _fmt(a.solved_at_median, ".0f"))
-    table.add_row("sparsity error (mean)", _fmt(a.sparsity_error_mean))
+    table.add_row("sparsity error (solved seeds, best step) [95% CI]",
+                  f"{_fmt(a.sparsity_error_mean)} {_ci(a.sparsity_error_ci_low, a.sparsity_error_ci_high)}")
+    table.add_row("final sparsity error (non-diverged) [95% CI]",
+                  f"{_fmt(a.final_sparsity_error_mean)} "
+                  f"{_ci(a.final_sparsity_error_ci_low, a.final_sparsity_error_ci_high)}")
     table.add_row("diverged", str(a.diverged))
     table.add_row("interpolation MSE (median)", _fmt(a.interpolation_mse_median))
     for name, thr in result.thresholds.items():

@@ -14,7 +14,7 @@ import torch
 
 from service.config import RunConfig
 from service.training import Trainer
-from service.training.checkpoint import CheckpointError, TrainerCheckpoint, load_payload
+from service.training.checkpoint import FORMAT, CheckpointError, TrainerCheckpoint, load_payload
 
 
 def _config(**overrides) -> RunConfig:
@@ -88,6 +88,9 @@ def _assert_same_state(a: Trainer, b: Trainer) -> None:
     for name in ("alive", "diverged_at", "last_improved"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     torch.testing.assert_close(a.best_loss, b.best_loss, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(a.best_step, b.best_step)
+    for name in ("best_interpolation_mse", "best_sparsity_error"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0, equal_nan=True)
     assert a.reinit_counts == b.reinit_counts
     assert a.step == b.step
 
@@ -206,5 +209,5 @@ def test_loading_never_unpickles_objects(tmp_path, capsys):
     with pytest.raises(CheckpointError):
         TrainerCheckpoint.load(tmp_path / "junk.pt")
     torch.save({"format": 99}, tmp_path / "future.pt")
-    with pytest.raises(CheckpointError, match="format 1"):
+    with pytest.raises(CheckpointError, match=f"format {FORMAT}"):
         TrainerCheckpoint.load(tmp_path / "future.pt")
