@@ -219,7 +219,8 @@ def per_seed_metrics(
     div = np.asarray(diverged, dtype=bool).reshape(-1)
     ids = list(range(n_seeds)) if seed_ids is None else [int(s) for s in seed_ids]
     at = [None] * n_seeds if diverged_at is None else list(np.asarray(diverged_at, dtype=object).reshape(-1))
-    for label, arr in (("sparsity_error", sparsity), ("final_sparsity_error", final_sparsity), ("diverged", div), ("seed_ids", ids), ("diverged_at", at)):
+    for label, arr in (("sparsity_error", sparsity), ("final_sparsity_error", final_sparsity), ("diverged", div),
+                       ("seed_ids", ids), ("diverged_at", at)):
         if len(arr) != n_seeds:
             raise ValueError(f"{label} has {len(arr)} entries for {n_seeds} seeds")
 

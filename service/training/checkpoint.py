@@ -2,7 +2,8 @@
 
 A run's state is small and explicit: the parameters, the per-seed optimiser state, the
 step, the per-seed masks and counters (alive, diverged_at, best loss, last improvement,
-re-initialisation counts, the best evaluation so far and its sparsity error), the initialisation generators and the evaluation history.
+re-initialisation counts, the best evaluation so far and its sparsity error), the
+initialisation generators and the evaluation history.
 The data and the noise of step t depend only on (per-seed key, t), so nothing else is
 needed to draw the same batches again.
 
