@@ -163,6 +163,10 @@ def run_with_progress(config: RunConfig, console: Console, quiet: bool = False) 
         return trainer.run(on_eval)
 
 
+def _ci(low: float | None, high: float | None) -> str:
+    return "" if low is None or high is None else f"[{fmt_number(low)}, {fmt_number(high)}]"
+
+
 def describe_schedule(s: RegularizerSchedule) -> str:
     """E.g. ``linear 0 → 10 over steps 10,000–20,000``."""
     text = (f"constant {s.lambda_max:g} from step {s.t_start:,}" if s.shape == "constant"
@@ -182,7 +186,11 @@ def print_run_result(result: RunResult, console: Console) -> None:
     table.add_row("success rate [95% CI]", f"{a.successes}/{a.n_seeds} = {a.success_rate:.0%} "
                   f"[{a.success_ci_low:.0%}, {a.success_ci_high:.0%}]")
     table.add_row("solved_at median", fmt_number(a.solved_at_median, ".0f"))
-    table.add_row("sparsity error (mean)", fmt_number(a.sparsity_error_mean))
+    table.add_row("sparsity error (solved seeds, best step) [95% CI]",
+                  f"{fmt_number(a.sparsity_error_mean)} {_ci(a.sparsity_error_ci_low, a.sparsity_error_ci_high)}")
+    table.add_row("final sparsity error (non-diverged) [95% CI]",
+                  f"{fmt_number(a.final_sparsity_error_mean)} "
+                  f"{_ci(a.final_sparsity_error_ci_low, a.final_sparsity_error_ci_high)}")
     table.add_row("diverged", str(a.diverged))
     table.add_row("regulariser λ(t)" + (" (reference, scaled)" if cfg.train.regularizer is None else ""),
                   describe_schedule(cfg.regularizer()))

@@ -111,7 +111,8 @@ def ranking_forest(data: ReportData, options: dict[str, Any]) -> Panel:
                       xaxis={"range": [-0.02, 1.02]}, yaxis={"autorange": "reversed", "type": "category"},
                       legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
                       margin={"l": 170, "t": 50}, scattermode="group")
-    metrics = options.get("metrics", ["objective", "solved_at_median", "sparsity_error_mean", "diverged"])
+    metrics = options.get("metrics", ["objective", "solved_at_median", "sparsity_error_mean",
+                                          "final_sparsity_error_mean", "diverged"])
     header = ["rank", "trial", "outcome", *metrics, "validation", "settings"]
     table = [header]
     for label, t in zip(labels, rows):

@@ -163,9 +163,10 @@ class SeedMetrics(BaseModel):
     extrapolation_mse: dict[str, JsonFloat]
     solved_at: int | None
     solved_at_per_range: dict[str, int | None]
-    sparsity_error: JsonFloat
+    sparsity_error: JsonFloat  # at ``best_step`` (the papers' figure)
     diverged: bool
     diverged_at: int | None = None
+    final_sparsity_error: JsonFloat = math.nan  # of the final model
 
 
 def _first_true(mask: np.ndarray) -> np.ndarray:
@@ -190,8 +191,13 @@ def per_seed_metrics(
     diverged: Sequence[bool] | np.ndarray,
     diverged_at: Sequence[int | None] | np.ndarray | None = None,
     seed_ids: Sequence[int] | None = None,
+    final_sparsity_error: Sequence[float] | np.ndarray | None = None,
 ) -> list[SeedMetrics]:
     """Per-seed success, ``best_step``, ``solved_at`` and MSEs from an evaluation history.
+
+    ``sparsity_error`` is each seed's value at its ``best_step`` (the trainer keeps it as it
+    trains, `Trainer.best_sparsity_error`); ``final_sparsity_error`` the final model's
+    (NaN when not given).
 
     * ``best_step``: the evaluation step with the lowest interpolation MSE (NaN ranks as
       +inf; the first on ties).
@@ -208,10 +214,13 @@ def per_seed_metrics(
         raise ValueError(f"no success threshold for extrapolation range(s) {missing}")
     n_evals, n_seeds = history.interpolation_mse.shape
     sparsity = np.asarray(sparsity_error, dtype=np.float64).reshape(-1)
+    final_sparsity = (np.full(n_seeds, np.nan) if final_sparsity_error is None
+                      else np.asarray(final_sparsity_error, dtype=np.float64).reshape(-1))
     div = np.asarray(diverged, dtype=bool).reshape(-1)
     ids = list(range(n_seeds)) if seed_ids is None else [int(s) for s in seed_ids]
     at = [None] * n_seeds if diverged_at is None else list(np.asarray(diverged_at, dtype=object).reshape(-1))
-    for label, arr in (("sparsity_error", sparsity), ("diverged", div), ("seed_ids", ids), ("diverged_at", at)):
+    for label, arr in (("sparsity_error", sparsity), ("final_sparsity_error", final_sparsity), ("diverged", div),
+                       ("seed_ids", ids), ("diverged_at", at)):
         if len(arr) != n_seeds:
             raise ValueError(f"{label} has {len(arr)} entries for {n_seeds} seeds")
 
@@ -252,6 +261,7 @@ def per_seed_metrics(
             sparsity_error=float(sparsity[s]),
             diverged=bool(div[s]),
             diverged_at=_step_or_none(at[s]) if div[s] else None,
+            final_sparsity_error=float(final_sparsity[s]),
         ))
     return out
 
@@ -279,9 +289,14 @@ class AggregateMetrics(BaseModel):
     solved_at_mean: JsonFloat | None = None
     solved_at_mean_ci_low: JsonFloat | None = None
     solved_at_mean_ci_high: JsonFloat | None = None
+    # the papers' figure: mean over *solved* seeds of the sparsity error at each one's best step
     sparsity_error_mean: JsonFloat | None = None
     sparsity_error_ci_low: JsonFloat | None = None
     sparsity_error_ci_high: JsonFloat | None = None
+    # the final model's sparsity error, mean over non-diverged seeds
+    final_sparsity_error_mean: JsonFloat | None = None
+    final_sparsity_error_ci_low: JsonFloat | None = None
+    final_sparsity_error_ci_high: JsonFloat | None = None
     diverged: int
     interpolation_mse_median: JsonFloat | None = None
     extrapolation_mse_median: dict[str, JsonFloat | None]
@@ -306,9 +321,10 @@ def _nan_median(values: np.ndarray) -> float | None:
 
 def aggregate(seeds: Sequence[SeedMetrics], confidence: float = 0.95) -> AggregateMetrics:
     """Success rate with a Wilson interval, ``solved_at`` median (order-statistics interval)
-    and mean (t interval) over solved seeds, mean sparsity error (t interval) over
-    non-diverged seeds with a finite value, diverged count, and median MSEs at each seed's
-    best step."""
+    and mean (t interval) over solved seeds, the mean sparsity error at the best step (t
+    interval) over solved seeds (the NAU paper's figure), the final model's mean sparsity
+    error (t interval) over non-diverged seeds, each over finite values only, diverged
+    count, and median MSEs at each seed's best step."""
     n = len(seeds)
     successes = sum(s.success for s in seeds)
     low, high = wilson_interval(successes, n, confidence)
@@ -316,8 +332,10 @@ def aggregate(seeds: Sequence[SeedMetrics], confidence: float = 0.95) -> Aggrega
     solved = np.array([s.solved_at for s in seeds if s.success and s.solved_at is not None], dtype=np.float64)
     med, med_lo, med_hi = median_interval(solved, confidence)
     mean, mean_lo, mean_hi = mean_interval(solved, confidence)
-    sparsity = np.array([s.sparsity_error for s in seeds if not s.diverged], dtype=np.float64)
+    sparsity = np.array([s.sparsity_error for s in seeds if s.success], dtype=np.float64)
     sp_mean, sp_lo, sp_hi = mean_interval(sparsity[np.isfinite(sparsity)], confidence)
+    final = np.array([s.final_sparsity_error for s in seeds if not s.diverged], dtype=np.float64)
+    fin_mean, fin_lo, fin_hi = mean_interval(final[np.isfinite(final)], confidence)
     interp = np.array([s.interpolation_mse for s in seeds], dtype=np.float64)
     return AggregateMetrics(
         n_seeds=n,
@@ -331,6 +349,8 @@ def aggregate(seeds: Sequence[SeedMetrics], confidence: float = 0.95) -> Aggrega
         solved_at_median=med, solved_at_median_ci_low=med_lo, solved_at_median_ci_high=med_hi,
         solved_at_mean=mean, solved_at_mean_ci_low=mean_lo, solved_at_mean_ci_high=mean_hi,
         sparsity_error_mean=sp_mean, sparsity_error_ci_low=sp_lo, sparsity_error_ci_high=sp_hi,
+        final_sparsity_error_mean=fin_mean, final_sparsity_error_ci_low=fin_lo,
+        final_sparsity_error_ci_high=fin_hi,
         diverged=sum(s.diverged for s in seeds),
         interpolation_mse_median=_nan_median(interp),
         extrapolation_mse_median={

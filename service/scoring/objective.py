@@ -3,7 +3,8 @@
 Primary: ``success_ci_low``, the lower end of the 95% Wilson interval of the success rate
 (SPEC.md §5: judge a setting by the lower end, not the point estimate; a diverged seed is a
 failed seed). Tie-breakers, lexicographically: a lower median ``solved_at`` (as a fraction
-of the step budget), then a lower mean ``sparsity_error``. They enter with weights far below
+of the step budget), then a lower mean ``sparsity_error`` (over solved seeds, each at its
+best-validation step: the NAU paper's figure). They enter with weights far below
 the smallest gap between two Wilson lower ends (``≈ 0.18 / S``, between 0 and 1 success;
 above 1.7e-6 for S ≤ 10⁵), so they only order settings whose ``success_ci_low`` is equal:
 

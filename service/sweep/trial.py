@@ -98,13 +98,14 @@ def regularizer_params(configs: dict[str, RunConfig]) -> dict[str, Any]:
 
 
 def partial_aggregate(trainer: Trainer, report: EvalReport) -> AggregateMetrics:
-    """Aggregate metrics of the history so far (the current weights' sparsity error)."""
+    """Aggregate metrics of the history so far (sparsity error at each seed's best step so
+    far, and the current weights' as the final figure)."""
     try:
-        sparsity = trainer.model.sparsity_error().detach().cpu().numpy()
+        final = trainer.model.sparsity_error().detach().cpu().numpy()
     except Exception:  # noqa: BLE001 - a tie-breaker only; never fail the trial for it
-        sparsity = np.full(trainer.num_seeds, np.nan)
-    seeds = per_seed_metrics(report.history, trainer.thresholds, sparsity, report.diverged,
-                             None, trainer.seed_ids)
+        final = np.full(trainer.num_seeds, np.nan)
+    seeds = per_seed_metrics(report.history, trainer.thresholds, trainer.best_sparsity_error.cpu().numpy(),
+                             report.diverged, None, trainer.seed_ids, final_sparsity_error=final)
     return aggregate(seeds)
 
 

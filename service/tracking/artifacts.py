@@ -52,12 +52,14 @@ def _cell(value: Any) -> Any:
 
 
 def write_seed_table(result: RunResult, path: Path) -> Path:
-    """One row per seed: success, best_step, MSEs at best_step, solved_at, sparsity, ..."""
+    """One row per seed: success, best_step, MSEs and sparsity error at best_step, solved_at,
+    the final model's sparsity error, ..."""
     ranges = list(result.thresholds)
     header = ["seed", "success", "best_step", "interpolation_mse",
               *[f"extrapolation_mse.{r}" for r in ranges], *[f"success.{r}" for r in ranges],
               *[f"threshold.{r}" for r in ranges],
-              "solved_at", "sparsity_error", "diverged", "diverged_at", "reinitialisations"]
+              "solved_at", "sparsity_error", "final_sparsity_error", "diverged", "diverged_at",
+              "reinitialisations"]
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
@@ -69,7 +71,7 @@ def write_seed_table(result: RunResult, path: Path) -> Path:
                 *[s.extrapolation_mse.get(x) for x in ranges],
                 *[s.success_per_range.get(x) for x in ranges],
                 *[result.thresholds[x] for x in ranges],
-                s.solved_at, s.sparsity_error, s.diverged, s.diverged_at, r,
+                s.solved_at, s.sparsity_error, s.final_sparsity_error, s.diverged, s.diverged_at, r,
             ]])
     return path
 
@@ -88,7 +90,9 @@ def write_seed_weights(result: RunResult, k: int, role: str, path: Path) -> Path
         "diverged": seed.diverged,
         "extrapolation_mse": {n: (v if math.isfinite(v) else None) for n, v in seed.extrapolation_mse.items()},
         "thresholds": result.thresholds,
-        "sparsity_error": seed.sparsity_error if math.isfinite(seed.sparsity_error) else None,
+        "sparsity_error": seed.sparsity_error if math.isfinite(seed.sparsity_error) else None,  # best step
+        "final_sparsity_error": (seed.final_sparsity_error if math.isfinite(seed.final_sparsity_error)
+                                 else None),  # of these (final) weights
         "weights": {name: _matrix(w[k]) for name, w in result.weights.items()},
     }
     path.parent.mkdir(parents=True, exist_ok=True)

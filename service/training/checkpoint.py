@@ -2,7 +2,8 @@
 
 A run's state is small and explicit: the parameters, the per-seed optimiser state, the
 step, the per-seed masks and counters (alive, diverged_at, best loss, last improvement,
-re-initialisation counts), the initialisation generators and the evaluation history.
+re-initialisation counts, the best evaluation so far and its sparsity error), the
+initialisation generators and the evaluation history.
 The data and the noise of step t depend only on (per-seed key, t), so nothing else is
 needed to draw the same batches again.
 
@@ -28,10 +29,11 @@ from service.errors import UserError
 from service.scoring.metrics import AggregateMetrics, EvalHistory, SeedMetrics
 from service.training.result import RunResult
 
-FORMAT = 2
+FORMAT = 3
 """Version of the payload layout; a checkpoint of another version is refused. 2: data and
 noise from Philox4x32-10 streams (a format-1 checkpoint was trained on another generator;
-continuing it would change its trajectory)."""
+continuing it would change its trajectory); 3: the per-seed best-evaluation state and the
+final sparsity error were added."""
 
 _IGNORED_FIELDS = ("device", "compile", "cuda_graphs")
 """Run-config fields that do not change the trajectory (a run may move device or compile
@@ -72,6 +74,9 @@ class TrainerCheckpoint:
     diverged_at: Tensor  # [S] int64, −1 = not diverged
     best_loss: Tensor  # [S]
     last_improved: Tensor  # [S] int64
+    best_interpolation_mse: Tensor  # [S] float64, the lowest interpolation MSE so far
+    best_step: Tensor  # [S] int64, the step of that evaluation
+    best_sparsity_error: Tensor  # [S] float64, the sparsity error of that step's weights
     reinit_counts: tuple[int, ...]
     init_generators: tuple[Tensor, ...]  # torch.Generator states (uint8); drawn from only when
     # the model is built (re-draws use fresh per-(seed, count) generators), kept for completeness
@@ -95,6 +100,9 @@ class TrainerCheckpoint:
             "diverged_at": self.diverged_at,
             "best_loss": self.best_loss,
             "last_improved": self.last_improved,
+            "best_interpolation_mse": self.best_interpolation_mse,
+            "best_step": self.best_step,
+            "best_sparsity_error": self.best_sparsity_error,
             "reinit_counts": list(self.reinit_counts),
             "init_generators": list(self.init_generators),
             "eval_steps": list(self.eval_steps),
@@ -119,6 +127,9 @@ class TrainerCheckpoint:
                 diverged_at=_tensor(payload["diverged_at"]),
                 best_loss=_tensor(payload["best_loss"]),
                 last_improved=_tensor(payload["last_improved"]),
+                best_interpolation_mse=_tensor(payload["best_interpolation_mse"]),
+                best_step=_tensor(payload["best_step"]),
+                best_sparsity_error=_tensor(payload["best_sparsity_error"]),
                 reinit_counts=tuple(int(c) for c in payload["reinit_counts"]),
                 init_generators=tuple(_tensor(g) for g in payload["init_generators"]),
                 eval_steps=tuple(int(s) for s in payload["eval_steps"]),

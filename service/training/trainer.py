@@ -109,6 +109,14 @@ class Trainer:
         self.diverged_at = torch.full((self.num_seeds,), -1, dtype=torch.int64, device=self.device)
         self.best_loss = torch.full((self.num_seeds,), float("inf"), device=self.device)
         self.last_improved = torch.zeros(self.num_seeds, dtype=torch.int64, device=self.device)
+        # per seed, at its best evaluation so far (lowest interpolation MSE, the first on
+        # ties; NaN ranks as +inf): that MSE, the step, and the sparsity error of that
+        # step's weights (the papers' figure, `_track_best`)
+        self.best_interpolation_mse = torch.full((self.num_seeds,), float("inf"), dtype=torch.float64,
+                                                 device=self.device)
+        self.best_step = torch.full((self.num_seeds,), -1, dtype=torch.int64, device=self.device)
+        self.best_sparsity_error = torch.full((self.num_seeds,), float("nan"), dtype=torch.float64,
+                                              device=self.device)
         self.step = 0
         self._elapsed_before = 0.0  # training time of earlier attempts (a resumed run)
         self._buffers: tuple[Tensor, Tensor] | None = None
@@ -334,6 +342,22 @@ class Trainer:
                 self._interp.append(mse)
             else:
                 self._extrap[name].append(mse)
+        self._track_best(self._interp[-1])
+
+    @torch.no_grad()
+    def _track_best(self, interpolation_mse: Tensor) -> None:
+        """Keep, per seed, the sparsity error of the weights at the evaluation with the lowest
+        interpolation MSE so far: masks over the seeds, the same choice as `per_seed_metrics`
+        makes from the history (the first evaluation always counts, a strictly lower MSE
+        replaces it, NaN ranks as +inf)."""
+        mse = torch.where(torch.isnan(interpolation_mse), float("inf"), interpolation_mse)
+        improved = mse < self.best_interpolation_mse
+        if len(self._steps) == 1:
+            improved = torch.ones_like(improved)
+        sparsity = self.model.sparsity_error().detach().to(torch.float64)
+        self.best_interpolation_mse.copy_(torch.where(improved, mse, self.best_interpolation_mse))
+        self.best_step.masked_fill_(improved, self.step)
+        self.best_sparsity_error.copy_(torch.where(improved, sparsity, self.best_sparsity_error))
 
     def history(self) -> EvalHistory:
         return EvalHistory(
@@ -387,6 +411,9 @@ class Trainer:
             diverged_at=cpu_copy(self.diverged_at),
             best_loss=cpu_copy(self.best_loss),
             last_improved=cpu_copy(self.last_improved),
+            best_interpolation_mse=cpu_copy(self.best_interpolation_mse),
+            best_step=cpu_copy(self.best_step),
+            best_sparsity_error=cpu_copy(self.best_sparsity_error),
             reinit_counts=tuple(self.reinit_counts),
             init_generators=tuple(g.get_state() for g in self.init_generators),
             eval_steps=tuple(self._steps),
@@ -409,7 +436,9 @@ class Trainer:
                                         "powers": ckpt.optimizer_powers.to(dev),
                                         "state": [[b.to(dev) for b in st] for st in ckpt.optimizer_state]})
         for live, saved in ((self.alive, ckpt.alive), (self.diverged_at, ckpt.diverged_at),
-                            (self.best_loss, ckpt.best_loss), (self.last_improved, ckpt.last_improved)):
+                            (self.best_loss, ckpt.best_loss), (self.last_improved, ckpt.last_improved),
+                            (self.best_interpolation_mse, ckpt.best_interpolation_mse),
+                            (self.best_step, ckpt.best_step), (self.best_sparsity_error, ckpt.best_sparsity_error)):
             live.copy_(saved.to(dev))
         self.reinit_counts = list(ckpt.reinit_counts)
         for g, state in zip(self.init_generators, ckpt.init_generators, strict=True):
@@ -474,8 +503,9 @@ class Trainer:
         history = self.history()
         diverged = self._diverged().cpu().numpy()
         diverged_at = [int(v) if v >= 0 else None for v in self.diverged_at.cpu().tolist()]
-        sparsity = self.model.sparsity_error().detach().cpu().numpy()
-        seeds = per_seed_metrics(history, self.thresholds, sparsity, diverged, diverged_at, self.seed_ids)
+        final_sparsity = self.model.sparsity_error().detach().cpu().numpy()
+        seeds = per_seed_metrics(history, self.thresholds, self.best_sparsity_error.cpu().numpy(), diverged,
+                                 diverged_at, self.seed_ids, final_sparsity_error=final_sparsity)
         weights = {k: w.detach().cpu().numpy() for k, w in self.model.weight_matrices().items()}
         return RunResult(
             config=self.config,

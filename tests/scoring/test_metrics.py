@@ -140,6 +140,7 @@ def _seeds():
         diverged=[False, False, True, True],
         diverged_at=[None, -1, 0, 2000],
         seed_ids=[10, 11, 12, 13],
+        final_sparsity_error=[0.03, 0.25, NAN, 0.5],
     )
 
 
@@ -183,6 +184,7 @@ def test_seed_metrics_json_has_no_nan() -> None:
     s2 = _seeds()[2]
     data = s2.model_dump(mode="json")
     assert data["interpolation_mse"] is None and data["sparsity_error"] is None
+    assert data["final_sparsity_error"] is None
     json.dumps(data, allow_nan=False)
 
 
@@ -194,9 +196,14 @@ def test_aggregate_by_hand() -> None:
     assert agg.success_rate_per_range == {"near": 0.25, "far": 0.5}
     assert (agg.solved_at_median, agg.solved_at_median_ci_low, agg.solved_at_median_ci_high) == (2000, 2000, 2000)
     assert agg.solved_at_mean == 2000 and agg.solved_at_mean_ci_low is None
-    mean, low, high = mean_interval([0.01, 0.2])  # the two non-diverged seeds
-    assert agg.sparsity_error_mean == pytest.approx(0.105)
-    assert (agg.sparsity_error_ci_low, agg.sparsity_error_ci_high) == pytest.approx((low, high))
+    # the papers' figure: solved seeds only (seed 0), at the best step
+    assert agg.sparsity_error_mean == pytest.approx(0.01)
+    assert agg.sparsity_error_ci_low is None and agg.sparsity_error_ci_high is None  # one value
+    # the final model's figure: the two non-diverged seeds, kept under its own name
+    mean, low, high = mean_interval([0.03, 0.25])
+    assert agg.final_sparsity_error_mean == pytest.approx(0.14)
+    assert (agg.final_sparsity_error_ci_low, agg.final_sparsity_error_ci_high) == pytest.approx((low, high))
+    assert agg.to_metrics()["final_sparsity_error_mean"] == pytest.approx(0.14)
     assert agg.interpolation_mse_median == pytest.approx(0.1)  # of 0.1, 0.3, 0.01 (NaN left out)
     assert agg.extrapolation_mse_median == {"near": pytest.approx(0.01), "far": pytest.approx(0.5)}
     metrics = agg.to_metrics()
@@ -221,6 +228,25 @@ def test_aggregate_of_failed_and_empty_runs() -> None:
     agg = aggregate(all_nan)
     assert agg.diverged == 2 and agg.interpolation_mse_median is None
     assert agg.extrapolation_mse_median == {"e": None} and agg.sparsity_error_mean is None
+    assert agg.final_sparsity_error_mean is None
+
+
+def test_sparsity_error_is_averaged_over_solved_seeds_only() -> None:
+    """The NAU paper's figure: failed (even non-diverged, very sparse) seeds and diverged ones
+    do not enter ``sparsity_error_mean``; every non-diverged seed enters the final figure."""
+    history = EvalHistory(steps=[0, 10], interpolation_mse=[[1.0, 1.0, 1.0, 1.0, NAN], [0.1, 0.1, 2.0, 0.1, NAN]],
+                          extrapolation_mse={"e": [[9.0, 9.0, 9.0, 9.0, NAN], [0.5, 0.5, 0.5, 5.0, NAN]]})
+    seeds = per_seed_metrics(history, {"e": 1.0}, sparsity_error=[0.1, 0.3, 0.0, 0.0, NAN],
+                             diverged=[False, False, False, False, True],
+                             final_sparsity_error=[0.2, 0.4, 0.0, 0.0, NAN])
+    # seed 2's best step is 0 (its MSE rose): it fails there; seed 3 fails at its best step
+    assert [s.success for s in seeds] == [True, True, False, False, False]
+    agg = aggregate(seeds)
+    mean, low, high = mean_interval([0.1, 0.3])
+    assert agg.sparsity_error_mean == pytest.approx(0.2) == pytest.approx(mean)
+    assert (agg.sparsity_error_ci_low, agg.sparsity_error_ci_high) == pytest.approx((low, high))
+    assert agg.final_sparsity_error_mean == pytest.approx(0.15)  # (0.2 + 0.4 + 0 + 0) / 4
+    assert [s.final_sparsity_error for s in seeds[:4]] == [0.2, 0.4, 0.0, 0.0]
 
 
 # -- sparsity error -------------------------------------------------------------------------------------------

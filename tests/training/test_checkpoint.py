@@ -88,6 +88,9 @@ def _assert_same_state(a: Trainer, b: Trainer) -> None:
     for name in ("alive", "diverged_at", "last_improved"):
         assert torch.equal(getattr(a, name), getattr(b, name)), name
     torch.testing.assert_close(a.best_loss, b.best_loss, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(a.best_step, b.best_step)
+    for name in ("best_interpolation_mse", "best_sparsity_error"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0, equal_nan=True)
     assert a.reinit_counts == b.reinit_counts
     assert a.step == b.step
 

@@ -230,3 +230,32 @@ def test_compiled_step_matches_eager():
         compiled.train_step()
     for a, b in zip(_params(eager), _params(compiled)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_sparsity_error_is_taken_at_each_seeds_best_validation_step():
+    """The per-seed sparsity error is that of the weights at the evaluation with the lowest
+    interpolation MSE (computed here by hand from the weights seen at every evaluation);
+    the final model's is kept separately."""
+    from service.scoring.metrics import sparsity_error
+
+    cfg = _config(train={"steps": 120, "eval_every": 10, "optimizer": {"name": "adam", "lr": 0.3},
+                         "regularizer": {"lambda_max": 0.0}}, seeds=8)
+    trainer = Trainer(cfg)
+    seen = []  # (step, interpolation MSE [S], sparsity error by hand [S])
+
+    def on_eval(rep):
+        weights = [w.detach().clone() for w in trainer.model.weight_matrices().values()]
+        seen.append((rep.step, rep.interpolation_mse.copy(), sparsity_error(weights).double().numpy()))
+
+    result = trainer.run(on_eval)
+    steps = np.array([s for s, _, _ in seen])
+    mse = np.nan_to_num(np.stack([m for _, m, _ in seen]), nan=np.inf)
+    sparsity = np.stack([sp for _, _, sp in seen])
+    best = mse.argmin(0)  # first on ties
+    assert len(set(best.tolist())) > 1 and (best < len(seen) - 1).any(), "want best steps before the end"
+    for k, seed in enumerate(result.seeds):
+        assert seed.best_step == steps[best[k]] == int(trainer.best_step[k])
+        assert seed.sparsity_error == pytest.approx(sparsity[best[k], k], rel=0, abs=0)
+        assert seed.final_sparsity_error == pytest.approx(sparsity[-1, k], rel=0, abs=0)
+    final = [s.final_sparsity_error for s in result.seeds if not s.diverged]
+    assert result.aggregate.final_sparsity_error_mean == pytest.approx(np.mean(final))

@@ -1,0 +1,58 @@
+"""`benchmarks/reproduce.py` end to end on a tiny budget: it trains every model of a
+protocol, prints and writes the paper's table layout beside the published figures, and
+reports a model whose configuration does not validate as "not available"."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _reproduce():
+    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks" / "reproduce.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow  # ~10 s (four tiny trainings and the success threshold)
+def test_small_mul_writes_the_papers_table(tmp_path, capsys):
+    rep = _reproduce()
+    out = tmp_path / "out"
+    assert rep.main(["small_mul", "--seeds", "2", "--steps", "200", "--device", "cpu", "--out", str(out)]) == 0
+    data = json.loads((out / "small_mul.json").read_text())
+    assert data["shortened"] and data["seeds"] == 2 and data["steps"] == 200 and data["protocol_steps"] == 200_000
+    assert [c["row"]["model"] for c in data["cells"]] == ["Linear", "NAC•", "NALU", "NMU"]
+    for cell in data["cells"]:
+        assert cell["status"] == "ok" and set(rep.COLUMNS) <= set(cell["row"])
+        assert cell["aggregate"]["n_seeds"] == 2 and len(cell["seeds"]) == 2
+        assert {"sparsity_error", "final_sparsity_error", "best_step"} <= set(cell["seeds"][0])
+        # the protocol's settings are those stated: regulariser off, Adam 1e-3, batch 128
+        train = cell["config"]["train"]
+        assert train["regularizer"]["lambda_max"] == 0 and train["optimizer"]["lr"] == 1e-3
+        assert train["batch_size"] == 128 and train["eval_every"] == 200
+    nmu = data["cells"][3]["row"]
+    assert nmu["paper: success"].startswith("94%") and nmu["paper: sparsity error"].startswith("2.6e-8")
+    table = (out / "small_mul.md").read_text()
+    header = next(line for line in table.splitlines() if line.startswith("| op"))
+    assert [c.strip() for c in header.strip("|").split("|")] == rep.COLUMNS
+    assert table.count("| × |") == 4
+    printed = capsys.readouterr().out
+    assert "success [95% CI]" in printed and "SHORTENED" in printed
+
+
+def test_a_model_that_does_not_validate_gets_a_not_available_row(tmp_path):
+    rep = _reproduce()
+    broken = rep.Model("Broken", [{"unit": "nalu", "options": {"no_such_option": 1}}, {"unit": "nmu"}])
+    protocol = rep.PROTOCOLS["small_mul"]
+    args = type("Args", (), {"seeds": 1, "steps": 10, "device": "cpu"})()
+    cell = rep.run_cell(protocol, "mul", broken, args)
+    assert cell["status"] == "not available" and "no_such_option" in cell["reason"]
+    assert cell["row"]["success [95% CI]"] == "not available" and cell["row"]["model"] == "Broken"
