@@ -8,6 +8,7 @@ torch.compile fuses into a few kernels.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import torch
@@ -16,15 +17,38 @@ from torch import Tensor
 from service.config import OptimizerConfig
 
 
+BIAS_TABLE_MAX = 1 << 18
+"""Most entries of an Adam bias-correction table (2 MiB per β in float64)."""
+
+
+@functools.lru_cache(maxsize=16)
+def bias_correction_table(betas: tuple[float, float]) -> Tensor:
+    """``[2, L]`` float64: ``1 − β**t`` for t = 0 … L − 1 as Python computes it (the value
+    torch.optim.Adam uses), up to the first t where both round to 1 (or `BIAS_TABLE_MAX`)."""
+    rows: list[list[float]] = [[], []]
+    t = 0
+    while t < BIAS_TABLE_MAX:
+        values = [1 - b ** t for b in betas]
+        for row, v in zip(rows, values):
+            row.append(v)
+        if t > 0 and all(v == 1.0 for v in values):
+            break
+        t += 1
+    return torch.tensor(rows, dtype=torch.float64)
+
+
 class BatchedOptimizer:
     """Updates parameters ``[S, ...]`` in place from their ``.grad``.
 
     Every operation is elementwise or per seed, and none depends on how many seeds share
     the tensors: a seed's update is bit-identical alone and among any number of others.
-    Adam's bias corrections come from per-seed running products ``β^t`` in float64 (one
-    multiplication per step, exactly rounded whatever the tensor's size, where a vectorised
-    ``pow`` and a scalar one can differ by an ulp) and are cast to the parameters' dtype
-    only as ``lr / (1 − β1^t)`` and ``√(1 − β2^t)``, as torch's Adam does with Python floats.
+    Adam's bias corrections ``1 − β^t`` are looked up per seed in a table computed once on
+    the host with Python floats, exactly as torch's Adam computes them each step (a
+    vectorised ``pow`` over seeds and a scalar one can differ by an ulp, which would make a
+    seed's update depend on its neighbours). The table ends where ``1 − β^t`` rounds to 1 in
+    float64 (t ≈ 37,000 for β2 = 0.999), or at `BIAS_TABLE_MAX` entries; past it, per-seed
+    running products ``β^t`` in float64 take over (also exact per seed). They are cast to
+    the parameters' dtype only as ``lr / (1 − β1^t)`` and ``√(1 − β2^t)``.
     """
 
     def __init__(self, params: Sequence[Tensor], config: OptimizerConfig) -> None:
@@ -36,6 +60,7 @@ class BatchedOptimizer:
         # Adam: [β1^t, β2^t] per seed (float64); 1 at t = 0
         self.powers = torch.ones(2, num_seeds, dtype=torch.float64, device=device)
         self._betas = torch.tensor(config.betas, dtype=torch.float64, device=device).view(2, 1)
+        self._bias_table = bias_correction_table(tuple(config.betas)).to(device)  # [2, L] float64
         self.state: list[list[Tensor]] = [self._new_state(p) for p in self.params]
 
     def _new_state(self, p: Tensor) -> list[Tensor]:
@@ -58,7 +83,9 @@ class BatchedOptimizer:
             # bias corrections bc1 = 1 − β1^t, bc2 = 1 − β2^t computed in float64.
             b1, b2 = c.betas
             self.powers.mul_(self._betas)
-            bc = 1 - self.powers  # [2, S] float64
+            last = self._bias_table.shape[1] - 1
+            looked_up = self._bias_table[:, self.steps.clamp(max=last)]  # [2, S] float64
+            bc = torch.where(self.steps <= last, looked_up, 1 - self.powers)
             lr64 = lr.to(torch.float64) if isinstance(lr, Tensor) else lr
             step_size = lr64 / bc[0]
             bc2_sqrt = bc[1].sqrt()

@@ -23,16 +23,27 @@ class RegularizerSchedule(Frozen):
     the same p, a slow start that reaches λ_max at t_end."""
 
     shape: Literal["linear", "constant", "exponential"] = "linear"
-    # no defaults: a schedule is given whole (or left out, for the reference schedule scaled
-    # to the run, `RunConfig.regularizer`); a default t_start of 1e6 silently left
-    # 50,000-step runs unregularised
+    # no default times: a schedule is given whole (or left out, for the reference schedule
+    # scaled to the run, `RunConfig.regularizer`); a default t_start of 1e6 silently left
+    # 50,000-step runs unregularised. Only ``lambda_max: 0`` (off) needs no times.
     lambda_max: float
-    t_start: int
-    t_end: int
+    t_start: int | None = None
+    t_end: int | None = None
     oob: float = 0.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _times(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("lambda_max") == 0 and "t_start" not in data and "t_end" not in data:
+            return {**data, "t_start": 0, "t_end": 1}
+        return data
 
     @model_validator(mode="after")
     def _check(self) -> "RegularizerSchedule":
+        if self.t_start is None or self.t_end is None:
+            raise ValueError("give t_start and t_end with lambda_max (or lambda_max: 0 to turn the "
+                             "regulariser off, or leave 'regularizer' out for the reference "
+                             "schedule scaled to the run)")
         if self.lambda_max < 0:
             raise ValueError("lambda_max must be >= 0")
         if self.oob < 0:

@@ -71,8 +71,13 @@ def test_a_schedule_is_given_whole(partial):
     """No hidden 5e6-step defaults: a partial schedule is an error, not t_start = 1e6."""
     from pydantic import ValidationError
 
-    with pytest.raises(ValidationError, match="Field required"):
+    with pytest.raises(ValidationError, match="Field required|give t_start and t_end"):
         config(NAU_NMU, 50_000, regularizer=partial)
+
+
+def test_lambda_max_zero_turns_the_regulariser_off_without_times():
+    cfg = config(NAU_NMU, 50_000, regularizer={"lambda_max": 0})
+    assert float(cfg.regularizer().value(40_000)) == 0.0
 
 
 def test_result_json_records_the_effective_schedule():
