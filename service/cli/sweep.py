@@ -272,8 +272,10 @@ def ui(
     tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
     host: str = typer.Option("127.0.0.1", help="Address to bind (local only by default)."),
     port: int = typer.Option(5000, min=1, max=65535, help="Port to serve on."),
+    workers: int = typer.Option(1, min=1, max=64, help="MLflow server worker processes (one is plenty for one user)."),
 ) -> None:
-    """Start `mlflow ui` on the configured tracking store and print its URL (Ctrl-C stops it)."""
+    """Start `mlflow ui` on the configured tracking store and print its URL (Ctrl-C or
+    SIGTERM stops it, with every process it started)."""
     from service.tracking.store import artifact_root
 
     try:
@@ -283,14 +285,47 @@ def ui(
     if uri.startswith(("http://", "https://")):
         console.print(f"the tracking store is an MLflow server: open {redact(uri)}")
         return
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port),
+           "--workers", str(workers)]
     root = artifact_root(uri)
     if root:
         cmd += ["--default-artifact-root", root]
     console.print(f"MLflow UI for {uri}: [bold]http://{host}:{port}[/] (Ctrl-C to stop)", highlight=False)
+    code = serve(cmd)
+    if code not in (0, -2, -15, 130, 143):
+        fail(f"mlflow ui exited with code {code} (is port {port} in use? try --port)", code=1)
+
+
+def serve(cmd: list[str], grace_s: float = 10.0) -> int:
+    """Run ``cmd`` in a process group of its own until it exits, or until this process gets
+    SIGTERM/SIGINT: then the whole group (the server and its workers) is stopped — SIGTERM,
+    SIGKILL after ``grace_s`` — so nothing is left serving. Returns its exit code."""
+    import os
+    import signal
+
+    proc = subprocess.Popen(cmd, start_new_session=True)
+
+    def stop_group(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop_group)
     try:
-        proc = subprocess.run(cmd, check=False)
+        return proc.wait()
     except KeyboardInterrupt:
-        return
-    if proc.returncode not in (0, -2, 130):
-        fail(f"mlflow ui exited with code {proc.returncode} (is port {port} in use? try --port)", code=1)
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived their server
+        except (ProcessLookupError, PermissionError):
+            pass
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
