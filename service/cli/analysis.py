@@ -80,7 +80,8 @@ def validate(
 
         extra = parse_ranges(range_)
         console.print(f"validating the top {top} settings of {name} on {seeds} fresh seeds each", highlight=False)
-        results = validate_sweep(uri, name, top, seeds, extra, address=address, include_pruned=include_pruned)
+        results = validate_sweep(uri, name, top, seeds, extra, address=address, include_pruned=include_pruned,
+                                 say=lambda line: console.print(line, highlight=False))
     except UserError as e:
         fail(str(e))
     table = Table(title=f"validation of {name} (fresh seeds {results[0].seed_ids[0]}–{results[0].seed_ids[-1]})")
