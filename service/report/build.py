@@ -12,8 +12,8 @@ from typing import Any
 
 from service.errors import UserError
 from service.formatting import finite
-from service.report.data import ReportData, load_report_data
 from service.report import search_panels  # noqa: F401 - registers its panel kinds
+from service.report.data import ReportData, load_report_data
 from service.report.panels import PANEL_KINDS, Panel, empty, short_params
 from service.tracking.store import Outcome
 from service.yamlio import load_mapping
