@@ -84,3 +84,12 @@ def test_compare_fits_a_narrow_terminal(bench_store, monkeypatch, width):
     assert max(len(line) for line in text.splitlines()) <= width
     assert "…" not in text, text
     assert "validation [95% CI]" not in text  # no sweep was validated: the column is left out
+
+
+def test_report_shows_no_download_progress_bars(bench_store, monkeypatch, tmp_path):
+    """MLflow draws a bar per downloaded artifact (the sweep's spec…): not in our output."""
+    monkeypatch.chdir(bench_store)
+    result = runner.invoke(app, ["report", "bench", "--no-log", "--output", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert "Downloading artifacts" not in result.output and "%|" not in result.output, result.output
+    assert "report:" in result.output
