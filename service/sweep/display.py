@@ -68,13 +68,18 @@ class SweepBoard:
             self._live.stop()
             self._live = None
 
+    @staticmethod
+    def _shown(params: dict[str, Any]) -> dict[str, Any]:
+        """The searched values of a Tune config (not the run configs the driver adds)."""
+        return {k: v for k, v in params.items() if not (k.startswith("__") and k.endswith("__"))}
+
     def trial_started(self, trial_id: str, params: dict[str, Any]) -> None:
-        line = self.trials.setdefault(trial_id, TrialLine(trial_id, dict(params)))
+        line = self.trials.setdefault(trial_id, TrialLine(trial_id, self._shown(params)))
         line.state = "running"
         self._refresh()
 
     def trial_result(self, trial_id: str, params: dict[str, Any], result: dict[str, Any]) -> None:
-        line = self.trials.setdefault(trial_id, TrialLine(trial_id, dict(params)))
+        line = self.trials.setdefault(trial_id, TrialLine(trial_id, self._shown(params)))
         line.state = "running"
         line.last_result = dict(result)
         line.step = int(result.get(STEP, line.step) or 0)
@@ -86,7 +91,7 @@ class SweepBoard:
         self._refresh()
 
     def trial_finished(self, trial_id: str, params: dict[str, Any], error: bool = False) -> None:
-        line = self.trials.setdefault(trial_id, TrialLine(trial_id, dict(params)))
+        line = self.trials.setdefault(trial_id, TrialLine(trial_id, self._shown(params)))
         if error:
             line.state = "failed"
         else:

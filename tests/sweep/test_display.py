@@ -25,7 +25,8 @@ def test_board_follows_trial_events_through_the_callback():
     register_board(board)
     try:
         callback = pickle.loads(pickle.dumps(LiveProgress("demo")))  # as restored from Tune's state
-        a, b, c = _Trial("a", {"lr": 0.01}), _Trial("b", {"lr": 0.1}), _Trial("c", {"lr": 1.0})
+        a, b, c = (_Trial("a", {"lr": 0.01, "__run_configs__": {"t": "a whole RunConfig"}}),
+                   _Trial("b", {"lr": 0.1}), _Trial("c", {"lr": 1.0}))
         for t in (a, b, c):
             callback.on_trial_start(0, [], t)
         callback.on_trial_result(0, [], a, {"step": 1000, "objective": 0.42, "successes": 12, "n_seeds": 16,
@@ -42,6 +43,7 @@ def test_board_follows_trial_events_through_the_callback():
     text = console.export_text()
     assert "1 pruned" in text and "1 failed" in text and "best 0.420 (a)" in text
     assert "12/16 [0.42, 0.90]" in text and "lr=0.01" in text
+    assert "__run_configs__" not in text and "RunConfig" not in text  # the driver's, not the user's
 
 
 def test_board_says_what_it_waits_for_and_estimates_the_time_left():
