@@ -211,20 +211,37 @@ def status(
         console.print(f"no sweeps in {redact(uri)}")
         return
     table = Table(title=f"sweeps in {redact(uri)}")
-    for col in ("sweep", "state", "started", "finished/planned", "running", "completed", "pruned", "failed",
-                "interrupted", "best objective", "best success [95% CI]"):
-        table.add_column(col, justify="left" if col in ("sweep", "state") else "right")
+    rows = []
     for v in views:
         c = v.counts()
         ranked = v.ranked()
         top = ranked[0] if ranked else None
         started = datetime.fromtimestamp(v.start_time / 1000).strftime("%Y-%m-%d %H:%M") if v.start_time else "—"
         finished = c["completed"] + c["pruned"] + c["failed"]
-        table.add_row(v.name, v.outcome or v.status.lower(), started, f"{finished}/{v.planned_trials or '?'}",
-                      str(c["running"]), str(c["completed"]), str(c["pruned"]), str(c["failed"]),
-                      str(c["interrupted"]), fmt_number(top.objective if top else None, ".4f"),
-                      success_cell(top.metrics) if top else "—")
-    print_wide(table)
+        rows.append({"sweep": v.name, "state": str(v.outcome or v.status.lower()), "started": started,
+                     "finished/planned": f"{finished}/{v.planned_trials or '?'}", "running": str(c["running"]),
+                     "completed": str(c["completed"]), "pruned": str(c["pruned"]), "failed": str(c["failed"]),
+                     "interrupted": str(c["interrupted"]), "best objective": fmt_number(top.objective if top else None, ".4f"),
+                     "best success [95% CI]": success_cell(top.metrics) if top else "—"})
+    # a count that is 0 for every sweep is left out (it would only take room)
+    cols = [k for k in rows[0] if k not in ("running", "interrupted", "failed") or any(r[k] != "0" for r in rows)]
+    natural = sum(max(len(col), *(len(r[col]) for r in rows)) + 3 for col in cols) + 1
+    if console.is_terminal and natural > console.width:  # one short table per sweep, nothing cut
+        for r in rows:
+            one = Table(title=f"sweep {r['sweep']}", show_header=False)
+            one.add_column("what", style="bold")
+            one.add_column("value", overflow="fold")
+            for col in cols[1:]:
+                one.add_row(col, r[col])
+            console.print(one)
+        table = None
+    else:
+        for col in cols:
+            table.add_column(col, justify="left" if col in ("sweep", "state") else "right")
+        for r in rows:
+            table.add_row(*(r[col] for col in cols))
+    if table is not None:
+        print_wide(table)
     if name:
         v = views[0]
         trials = Table(title=f"trials of {v.name}")

@@ -55,6 +55,16 @@ def _at_width(monkeypatch, width: int, args: list[str]) -> str:
 
 
 @pytest.mark.parametrize("width", [80, 100])
+@pytest.mark.parametrize("args", [["status"], ["status", "bench"]], ids=lambda a: " ".join(a))
+def test_status_fits_a_narrow_terminal(bench_store, monkeypatch, width, args):
+    monkeypatch.chdir(bench_store)
+    text = _at_width(monkeypatch, width, args)
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert "…" not in text, text
+    assert "4/4 [0.51, 1.00]" in text and "finished/planned" in text
+
+
+@pytest.mark.parametrize("width", [80, 100])
 def test_best_fits_a_narrow_terminal(bench_store, monkeypatch, width):
     monkeypatch.chdir(bench_store)
     text = _at_width(monkeypatch, width, ["best", "bench"])
