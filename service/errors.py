@@ -44,3 +44,23 @@ def describe_validation_error(err: ValidationError, source: str | None = None) -
     prefix = f"{source}: " if source else ""
     return "\n".join(f"{prefix}{_location(tuple(e['loc']))}: {error_message(e)}"
                      for e in err.errors(include_url=False))
+
+
+def did_you_mean(word: Any, options: Iterable[Any]) -> str:
+    """``"did you mean 'choices'?"`` for the option closest to a misspelt ``word`` (``""``
+    when none is close: difflib's ratio ≥ 0.6)."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word), [str(o) for o in options], n=1)
+    return f"did you mean {close[0]!r}?" if close else ""
+
+
+def unknown_key_message(key: Any, allowed: Iterable[Any] | None, what: str = "unknown key",
+                        allowed_label: str = "allowed") -> str:
+    """``unknown key; did you mean 'x'? allowed: a, b`` (parts left out when unknown)."""
+    options = list(allowed) if allowed is not None else []
+    hint = did_you_mean(key, options)
+    text = what + (f"; {hint}" if hint else "")
+    if allowed is not None:
+        text += f"{'' if hint else ';'} {allowed_label}: {', '.join(map(str, options)) or '(none)'}"
+    return text

@@ -24,3 +24,25 @@ def test_ci_runs_exactly_the_readme_test_command():
     commands = re.findall(r"```bash\n(.*?)\n```", README, re.S)
     test_command = next(c for c in commands if "pytest" in c)
     assert test_command.strip() in (ROOT / ".ci" / "run").read_text()
+
+
+def test_readme_tells_cpu_only_machines_how_to_get_the_cpu_wheel():
+    commands = re.findall(r"```bash\n(.*?)\n```", README, re.S)
+    cpu = next((c for c in commands if "download.pytorch.org/whl/cpu" in c), None)
+    assert cpu is not None, "no CPU-wheel install command in the README"
+    assert cpu.index("pip install torch") < cpu.index("pip install -e .")  # torch first
+
+
+def test_what_the_commands_write_is_git_ignored(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        import pytest
+
+        pytest.skip("not a git checkout")
+    written = ["mlflow.db", "mlruns/1/meta.yaml", "runs/smoke/state.json", "reports/smoke/report.html",
+               "result.json"]
+    proc = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *written],
+                          capture_output=True, text=True, check=False)
+    assert sorted(proc.stdout.split()) == sorted(written), proc.stdout + proc.stderr

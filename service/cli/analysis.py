@@ -12,9 +12,18 @@ import typer
 from rich.table import Table
 
 from service.cli.app import app, console, fail
-from service.cli.common import TRACKING_HELP, print_wide, success_cell, tracking_uri_of
+from service.cli.common import (
+    TRACKING_HELP,
+    open_client,
+    print_wide,
+    require_sweeps,
+    success_cell,
+    tracking_uri_of,
+)
 from service.errors import UserError
+from service.formatting import MISSING, fmt_number, fmt_param
 from service.names import require_sweep_name
+from service.tracking.store import TAG_SOURCE_RUN
 
 
 @app.command()
@@ -31,6 +40,7 @@ def report(
     try:
         require_sweep_name(name, "NAME")
         uri = tracking_uri_of(tracking_uri, must_exist=True)
+        require_sweeps(uri, name)
         from service.report.build import build_report
 
         out = output or Path("reports") / name
@@ -64,12 +74,14 @@ def validate(
         from service.endpoints import check_ray_address
 
         uri = tracking_uri_of(tracking_uri, must_exist=True)
+        require_sweeps(uri, name)
         check_ray_address(address)
         from service.sweep.validation import parse_ranges, validate_sweep
 
         extra = parse_ranges(range_)
         console.print(f"validating the top {top} settings of {name} on {seeds} fresh seeds each", highlight=False)
-        results = validate_sweep(uri, name, top, seeds, extra, address=address, include_pruned=include_pruned)
+        results = validate_sweep(uri, name, top, seeds, extra, address=address, include_pruned=include_pruned,
+                                 say=lambda line: console.print(line, highlight=False))
     except UserError as e:
         fail(str(e))
     table = Table(title=f"validation of {name} (fresh seeds {results[0].seed_ids[0]}–{results[0].seed_ids[-1]})")
@@ -93,23 +105,30 @@ def compare(
         require_sweep_name(name1, "NAME1")
         require_sweep_name(name2, "NAME2")
         uri = tracking_uri_of(tracking_uri, must_exist=True)
-        from service.report.data import load_report_data
-        from service.report.panels import short_params
+        require_sweeps(uri, name1, name2)
+        from service.tracking.queries import load_sweep, validation_runs
 
-        datas = []
-        for n in (name1, name2):
-            d = load_report_data(uri, n, top=0)
-            if d is None:
-                raise UserError(f"no sweep named {n!r} in {uri}")
-            datas.append(d)
+        client = open_client(uri)
+        views = [load_sweep(client, n) for n in (name1, name2)]
+        validated = [{r.data.tags.get(TAG_SOURCE_RUN, ""): dict(r.data.metrics)
+                      for r in sorted(validation_runs(client, v.experiment_id, v.run_id),
+                                      key=lambda r: r.info.start_time or 0) if r.info.status == "FINISHED"}
+                     for v in views]
     except UserError as e:
         fail(str(e))
+    rows = []
+    for v, vals in zip(views, validated):
+        ranked = v.ranked() or v.ranked(include_pruned=True)
+        for i, t in enumerate(ranked[:top]):
+            settings = [f"{p}={fmt_param(t.params[p])}" for p in v.searched if t.params.get(p) is not None]
+            rows.append([v.name, str(i + 1), t.name, fmt_number(t.objective, ".4f"), success_cell(t.metrics),
+                         success_cell(vals[t.run_id]) if t.run_id in vals else MISSING, ", ".join(settings)])
+    cols = ["sweep", "rank", "trial", "objective", "search success [95% CI]", "validation [95% CI]", "settings"]
+    keep = [j for j, c in enumerate(cols) if c != "validation [95% CI]" or any(r[j] != MISSING for r in rows)]
     table = Table(title=f"{name1} vs {name2}")
-    for col in ("sweep", "rank", "trial", "objective", "search success [95% CI]", "validation [95% CI]", "settings"):
-        table.add_column(col)
-    for d in datas:
-        for i, t in enumerate(d.ranked(top)):
-            v = d.validations.get(t.run_id)
-            table.add_row(d.view.name, str(i + 1), t.name, f"{t.objective:.4f}" if t.objective is not None else "—",
-                          success_cell(t.metrics), success_cell(v.metrics) if v else "—", short_params(t.params, d.searched))
+    for j in keep:
+        table.add_column(cols[j], overflow="fold", no_wrap=cols[j] != "settings",
+                         justify="right" if cols[j] in ("rank", "objective") else "left")
+    for r in rows:
+        table.add_row(*(r[j] for j in keep))
     print_wide(table)

@@ -35,6 +35,29 @@ def open_client(uri: str):
     return client(uri)
 
 
+def no_such_sweep(name: str, uri: str, known: list[str]) -> UserError:
+    """``no sweep named 'x' in URI; did you mean 'y'? sweeps: …`` (every verb says it so)."""
+    from service.errors import did_you_mean
+
+    hint = did_you_mean(name, known)
+    return UserError(f"no sweep named {name!r} in {uri}; {hint + ' ' if hint else ''}"
+                     f"sweeps: {', '.join(known) or '(none)'}")
+
+
+def require_sweeps(uri: str, *names: str, client=None) -> None:
+    """Stop with `no_such_sweep` unless every name is a sweep in the store (before a verb
+    prints or starts anything)."""
+    from service.tracking.queries import sweep_names
+
+    try:
+        known = sweep_names(client or open_client(uri))
+    except Exception as e:  # noqa: BLE001 - an unreachable or refusing tracking store
+        raise UserError(f"cannot read the MLflow tracking store {uri}: {e}") from None
+    for name in names:
+        if name not in known:
+            raise no_such_sweep(name, uri, known)
+
+
 def success_cell(metrics: dict[str, float]) -> str:
     """``3/4 [0.30, 0.95]``: successful seeds and the 95% Wilson interval of the rate."""
     if "success_rate" not in metrics:

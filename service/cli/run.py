@@ -21,7 +21,7 @@ from rich.progress import (
 from rich.table import Table
 
 from service.cli.app import app, console, fail
-from service.errors import UserError, describe_validation_error
+from service.errors import UserError
 from service.formatting import fmt_number
 
 if TYPE_CHECKING:  # torch comes in with these: only the verb that trains imports them
@@ -78,6 +78,7 @@ def run(
     from service.config import RunConfig
     from service.units.registry import UnknownUnitError
 
+    merged: dict[str, Any] = {}
     try:
         data = _load_yaml(config_file) if config_file else {}
         flags: dict[str, Any] = {}
@@ -111,7 +112,9 @@ def run(
             merged["task"] = {"kind": "arithmetic", **merged["task"]}
         config = RunConfig.model_validate(merged)
     except ValidationError as e:
-        fail("invalid run configuration:\n" + describe_validation_error(e, str(config_file) if config_file else None))
+        from service.search.loading import describe_run_config_error
+
+        fail("invalid run configuration:\n" + describe_run_config_error(e, merged, str(config_file) if config_file else None))
     except (UserError, UnknownUnitError) as e:
         fail(str(e))
 

@@ -17,45 +17,92 @@ from rich.table import Table
 from service.cli.app import app, console, fail
 from service.cli.common import (
     TRACKING_HELP,
+    no_such_sweep,
     open_client,
     print_wide,
     success_cell,
     tracking_uri_of,
 )
 from service.errors import UserError
-from service.formatting import fmt_number, fmt_param, redact
+from service.formatting import MISSING, fmt_number, fmt_param, redact
 from service.names import require_sweep_name
 from service.tracking.store import Outcome
 
 
-def best_table(view, top: int, include_pruned: bool = False) -> Table:
-    """The robust settings of a sweep: parameters, success rate [95% CI], solved_at,
-    sparsity error (mean over solved seeds at their best step, the papers' figure) and the
-    final model's, ranked by the objective (the CI's lower end, then tie-breakers)."""
-    rows = view.ranked(include_pruned)[:top]
-    table = Table(title=f"sweep {view.name}: top {len(rows)} by success_ci_low "
-                        f"(lower end of the 95% Wilson interval)")
-    table.add_column("#", justify="right")
-    table.add_column("trial")
+def _searched_names(view, rows) -> list[str]:
+    """The searched parameters that have a value in at least one of ``rows`` (a conditional
+    parameter no shown trial used would only be a column of dashes)."""
     names = view.searched or sorted({k for r in rows for k in r.params
                                      if not k.startswith(("task.", "regularizer."))
                                      and k not in ("seeds", "steps", "eval_every")})
-    for name in names:
-        table.add_column(name)
-    for col in ("success [95% CI]", "solved_at median", "sparsity error (solved, best step)",
-                "final sparsity error", "diverged", "objective"):
-        table.add_column(col, justify="right")
-    if include_pruned:
-        table.add_column("outcome")
+    return [n for n in names if any(r.params.get(n) is not None for r in rows)]
+
+
+def best_table(view, top: int, include_pruned: bool = False, width: int | None = None) -> Table:
+    """The robust settings of a sweep: parameters, success rate [95% CI], solved_at,
+    sparsity error (mean over solved seeds at their best step, the papers' figure) and the
+    final model's, ranked by the objective (the CI's lower end, then tie-breakers).
+
+    Columns no row has a value in are left out. When one column per parameter would not
+    fit in ``width`` characters (a terminal's), the parameters share one ``settings``
+    column whose text wraps between them, so no value is cut short."""
+    rows = view.ranked(include_pruned)[:top]
+    names = _searched_names(view, rows)
+    metric_cols = {"success [95% CI]": lambda m: success_cell(m),
+                   "solved_at median": lambda m: fmt_number(m.get("solved_at_median"), ".0f"),
+                   "sparsity error (solved, best step)": lambda m: fmt_number(m.get("sparsity_error_mean")),
+                   "final sparsity error": lambda m: fmt_number(m.get("final_sparsity_error_mean")),
+                   "diverged": lambda m: fmt_number(m.get("diverged"), ".0f")}
+    metric_cols = {col: cell for col, cell in metric_cols.items()
+                   if col == "success [95% CI]" or any(cell(r.metrics) != MISSING for r in rows)}
+    header = ["#", "trial", *names, *metric_cols, "objective"] + (["outcome"] if include_pruned else [])
+    body = []
     for i, r in enumerate(rows, 1):
-        m = r.metrics
-        params = [fmt_param(r.params.get(n)) for n in names]
-        cells = [str(i), r.name, *params, success_cell(m), fmt_number(m.get("solved_at_median"), ".0f"),
-                 fmt_number(m.get("sparsity_error_mean")), fmt_number(m.get("final_sparsity_error_mean")),
-                 fmt_number(m.get("diverged"), ".0f"), fmt_number(r.objective, ".4f")]
+        cells = [str(i), r.name, *(fmt_param(r.params.get(n)) for n in names),
+                 *(cell(r.metrics) for cell in metric_cols.values()), fmt_number(r.objective, ".4f")]
+        body.append(cells + ([str(r.outcome)] if include_pruned else []))
+    natural = sum(max(len(h), *(len(c[j]) for c in body)) + 3 for j, h in enumerate(header)) + 1 if body else 0
+    table = Table(title=f"sweep {view.name}: top {len(rows)} by success_ci_low "
+                        f"(lower end of the 95% Wilson interval)")
+    if width is None or natural <= width:
+        for h in header:
+            table.add_column(h, justify="right" if h in metric_cols or h in ("#", "objective") else "left")
+        for cells in body:
+            table.add_row(*cells)
+        return table
+    # narrow: rank, trial, success and objective, the rest one item per line
+    for h in ("#", "trial", "success [95% CI]", "objective"):
+        table.add_column(h, justify="left" if h == "trial" else "right", no_wrap=True)
+    table.add_column("settings and metrics", overflow="fold")
+    for cells in body:
+        by = dict(zip(header, cells))
+        details = [f"{n}={by[n]}" for n in names if by[n] != MISSING]
+        details += [f"{h}: {by[h]}" for h in metric_cols if h != "success [95% CI]"]
         if include_pruned:
-            cells.append(r.outcome)
-        table.add_row(*cells)
+            details.append(f"outcome: {by['outcome']}")
+        table.add_row(by["#"], by["trial"], by["success [95% CI]"], by["objective"], "\n".join(details))
+    return table
+
+
+def winner_table(view, include_pruned: bool = False) -> Table | None:
+    """The most robust setting, one line per parameter and metric (fits any width)."""
+    rows = view.ranked(include_pruned)
+    if not rows:
+        return None
+    r, m = rows[0], rows[0].metrics
+    table = Table(title=f"most robust setting of {view.name}: {r.name}", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", overflow="fold")
+    for name in _searched_names(view, [r]):
+        table.add_row(name, fmt_param(r.params.get(name)))
+    table.add_row("success [95% CI]", success_cell(m))
+    for label, key, spec in (("solved_at median", "solved_at_median", ".0f"),
+                             ("sparsity error (solved seeds, best step)", "sparsity_error_mean", None),
+                             ("final sparsity error", "final_sparsity_error_mean", None),
+                             ("diverged", "diverged", ".0f")):
+        if m.get(key) is not None:
+            table.add_row(label, fmt_number(m.get(key), spec) if spec else fmt_number(m.get(key)))
+    table.add_row("objective", fmt_number(r.objective, ".4f"))
     return table
 
 
@@ -134,7 +181,7 @@ def sweep(
                       f"try `nalu-sweep best {summary.name}` later[/]", highlight=False)
         view = None
     if view is not None and view.ranked():
-        print_wide(best_table(view, top=5))
+        print_wide(best_table(view, top=5, width=console.width if console.is_terminal else None))
     console.print(f"details: [bold]nalu-sweep best {summary.name}[/], or browse with [bold]nalu-sweep ui[/]",
                   highlight=False)
     if summary.outcome != Outcome.COMPLETED:
@@ -153,7 +200,7 @@ def status(
         if name is not None:
             require_sweep_name(name, "NAME")
         uri = tracking_uri_of(tracking_uri, must_exist=True)
-        from service.tracking.queries import list_sweeps, load_sweep
+        from service.tracking.queries import list_sweeps, load_sweep, sweep_names
 
         client = open_client(uri)
         try:
@@ -161,28 +208,44 @@ def status(
         except Exception as e:  # noqa: BLE001 - an unreachable or refusing tracking store
             raise UserError(f"cannot read the MLflow tracking store {uri}: {e}") from None
         if name and views[0] is None:
-            known = ", ".join(v.name for v in list_sweeps(client)) or "(none)"
-            raise UserError(f"no sweep named {name!r} in {uri}; sweeps: {known}")
+            raise no_such_sweep(name, uri, sweep_names(client))
     except UserError as e:
         fail(str(e))
     if not views:
         console.print(f"no sweeps in {redact(uri)}")
         return
     table = Table(title=f"sweeps in {redact(uri)}")
-    for col in ("sweep", "state", "started", "finished/planned", "running", "completed", "pruned", "failed",
-                "interrupted", "best objective", "best success [95% CI]"):
-        table.add_column(col, justify="left" if col in ("sweep", "state") else "right")
+    rows = []
     for v in views:
         c = v.counts()
         ranked = v.ranked()
         top = ranked[0] if ranked else None
         started = datetime.fromtimestamp(v.start_time / 1000).strftime("%Y-%m-%d %H:%M") if v.start_time else "—"
         finished = c["completed"] + c["pruned"] + c["failed"]
-        table.add_row(v.name, v.outcome or v.status.lower(), started, f"{finished}/{v.planned_trials or '?'}",
-                      str(c["running"]), str(c["completed"]), str(c["pruned"]), str(c["failed"]),
-                      str(c["interrupted"]), fmt_number(top.objective if top else None, ".4f"),
-                      success_cell(top.metrics) if top else "—")
-    print_wide(table)
+        rows.append({"sweep": v.name, "state": str(v.outcome or v.status.lower()), "started": started,
+                     "finished/planned": f"{finished}/{v.planned_trials or '?'}", "running": str(c["running"]),
+                     "completed": str(c["completed"]), "pruned": str(c["pruned"]), "failed": str(c["failed"]),
+                     "interrupted": str(c["interrupted"]), "best objective": fmt_number(top.objective if top else None, ".4f"),
+                     "best success [95% CI]": success_cell(top.metrics) if top else "—"})
+    # a count that is 0 for every sweep is left out (it would only take room)
+    cols = [k for k in rows[0] if k not in ("running", "interrupted", "failed") or any(r[k] != "0" for r in rows)]
+    natural = sum(max(len(col), *(len(r[col]) for r in rows)) + 3 for col in cols) + 1
+    if console.is_terminal and natural > console.width:  # one short table per sweep, nothing cut
+        for r in rows:
+            one = Table(title=f"sweep {r['sweep']}", show_header=False)
+            one.add_column("what", style="bold")
+            one.add_column("value", overflow="fold")
+            for col in cols[1:]:
+                one.add_row(col, r[col])
+            console.print(one)
+        table = None
+    else:
+        for col in cols:
+            table.add_column(col, justify="left" if col in ("sweep", "state") else "right")
+        for r in rows:
+            table.add_row(*(r[col] for col in cols))
+    if table is not None:
+        print_wide(table)
     if name:
         v = views[0]
         trials = Table(title=f"trials of {v.name}")
@@ -206,7 +269,7 @@ def best(
     try:
         require_sweep_name(name, "NAME")
         uri = tracking_uri_of(tracking_uri, must_exist=True)
-        from service.tracking.queries import list_sweeps, load_sweep
+        from service.tracking.queries import load_sweep, sweep_names
 
         client = open_client(uri)
         try:
@@ -214,8 +277,7 @@ def best(
         except Exception as e:  # noqa: BLE001 - an unreachable or refusing tracking store
             raise UserError(f"cannot read the MLflow tracking store {uri}: {e}") from None
         if view is None:
-            known = ", ".join(v.name for v in list_sweeps(client)) or "(none)"
-            raise UserError(f"no sweep named {name!r} in {uri}; sweeps: {known}")
+            raise no_such_sweep(name, uri, sweep_names(client))
     except UserError as e:
         fail(str(e))
     if not view.ranked(include_pruned):
@@ -223,7 +285,8 @@ def best(
         console.print(f"sweep {name}: no finished trial yet ({c['running']} running, {c['pruned']} pruned, "
                       f"{c['failed']} failed)")
         return
-    print_wide(best_table(view, top, include_pruned))
+    console.print(winner_table(view, include_pruned))
+    print_wide(best_table(view, top, include_pruned, width=console.width if console.is_terminal else None))
 
 
 @app.command()
@@ -231,8 +294,10 @@ def ui(
     tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
     host: str = typer.Option("127.0.0.1", help="Address to bind (local only by default)."),
     port: int = typer.Option(5000, min=1, max=65535, help="Port to serve on."),
+    workers: int = typer.Option(1, min=1, max=64, help="MLflow server worker processes (one is plenty for one user)."),
 ) -> None:
-    """Start `mlflow ui` on the configured tracking store and print its URL (Ctrl-C stops it)."""
+    """Start `mlflow ui` on the configured tracking store and print its URL (Ctrl-C or
+    SIGTERM stops it, with every process it started)."""
     from service.tracking.store import artifact_root
 
     try:
@@ -242,14 +307,47 @@ def ui(
     if uri.startswith(("http://", "https://")):
         console.print(f"the tracking store is an MLflow server: open {redact(uri)}")
         return
-    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port)]
+    cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port),
+           "--workers", str(workers)]
     root = artifact_root(uri)
     if root:
         cmd += ["--default-artifact-root", root]
     console.print(f"MLflow UI for {uri}: [bold]http://{host}:{port}[/] (Ctrl-C to stop)", highlight=False)
+    code = serve(cmd)
+    if code not in (0, -2, -15, 130, 143):
+        fail(f"mlflow ui exited with code {code} (is port {port} in use? try --port)", code=1)
+
+
+def serve(cmd: list[str], grace_s: float = 10.0) -> int:
+    """Run ``cmd`` in a process group of its own until it exits, or until this process gets
+    SIGTERM/SIGINT: then the whole group (the server and its workers) is stopped — SIGTERM,
+    SIGKILL after ``grace_s`` — so nothing is left serving. Returns its exit code."""
+    import os
+    import signal
+
+    proc = subprocess.Popen(cmd, start_new_session=True)
+
+    def stop_group(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, stop_group)
     try:
-        proc = subprocess.run(cmd, check=False)
+        return proc.wait()
     except KeyboardInterrupt:
-        return
-    if proc.returncode not in (0, -2, 130):
-        fail(f"mlflow ui exited with code {proc.returncode} (is port {port} in use? try --port)", code=1)
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived their server
+        except (ProcessLookupError, PermissionError):
+            pass
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -12,6 +12,7 @@ from typing import Any
 
 from service.errors import UserError
 from service.formatting import finite
+from service.report import search_panels  # noqa: F401 - registers its panel kinds
 from service.report.data import ReportData, load_report_data
 from service.report.panels import PANEL_KINDS, Panel, empty, short_params
 from service.tracking.store import Outcome
@@ -204,7 +205,9 @@ def figure_png(panel: Panel, title: str, path: Path) -> Path:
                 x = list(t.get("x") or [])
                 y = list(t.get("y") or [])
                 label = t.get("name")
-                if kind == "heatmap":
+                if kind == "parcoords":
+                    _parcoords_png(ax, t)
+                elif kind == "heatmap":
                     z = np.array([[np.nan if v is None else v for v in row] for row in t.get("z", [[0]])], float)
                     ax.imshow(z, cmap="RdBu_r", vmin=-1, vmax=1, aspect="auto", interpolation="nearest")
                 elif kind == "bar":
@@ -237,6 +240,33 @@ def figure_png(panel: Panel, title: str, path: Path) -> Path:
     fig.savefig(path, dpi=80)
     plt.close(fig)
     return path
+
+
+def _parcoords_png(ax: Any, trace: dict[str, Any]) -> None:
+    """Parallel coordinates in matplotlib: every axis scaled to [0, 1], one line a trial."""
+    import numpy as np
+
+    dims = trace.get("dimensions") or []
+    if not dims:
+        return
+    cols = []
+    for d in dims:
+        v = np.asarray(d.get("values") or [], float)
+        span = float(np.ptp(v)) if v.size else 0.0
+        cols.append((v - v.min()) / span if span > 0 else np.full_like(v, 0.5))
+    lines = np.vstack(cols).T
+    colour = np.asarray((trace.get("line") or {}).get("color") or [0] * len(lines), float)
+    span = float(np.ptp(colour)) or 1.0
+    for row, c in zip(lines, colour):
+        ax.plot(range(len(dims)), row, color=matplotlib_colour((c - colour.min()) / span), alpha=0.7)
+    ax.set_xticks(range(len(dims)), [d.get("label", "") for d in dims], rotation=20)
+    ax.set_yticks([])
+
+
+def matplotlib_colour(fraction: float) -> Any:
+    import matplotlib
+
+    return matplotlib.colormaps["viridis"](fraction)
 
 
 @dataclass

@@ -59,6 +59,24 @@ class ReportData:
         return names
 
 
+    def thresholds(self) -> dict[str, float]:
+        """The success threshold of each extrapolation range, from the per-seed tables
+        (``threshold.<range>``) and the learned-weights files of the top settings."""
+        from service.formatting import finite
+
+        out: dict[str, float] = {}
+        tables = [*self.seeds.values(), *(v.seeds for v in self.validations.values())]
+        for row in (r for table in tables for r in table):
+            for key, value in row.items():
+                if key.startswith("threshold.") and finite(value) is not None:
+                    out.setdefault(key.partition(".")[2], float(value))
+        for w in self.weights.values():
+            for name, value in (w.get("thresholds") or {}).items():
+                if finite(value) is not None:
+                    out.setdefault(name, float(value))
+        return out
+
+
 def _read_csv(path: Path) -> list[dict[str, str]]:
     with path.open(newline="") as f:
         return list(csv.DictReader(f))

@@ -60,6 +60,16 @@ def short_params(params: dict[str, str], searched: list[str]) -> str:
     return ", ".join(parts)
 
 
+# how the terminal shows these: the objective to 4 decimals (its tie-breakers are far
+# below that), steps and seed counts as integers
+METRIC_FORMATS = {"objective": ".4f", "solved_at_median": ".0f", "diverged": ".0f", "successes": ".0f",
+                  "n_seeds": ".0f"}
+
+
+def metric_cell(metrics: dict[str, float], name: str) -> str:
+    return fmt_number(metrics.get(name), METRIC_FORMATS.get(name, ".3g"))
+
+
 def _ci_of(metrics: dict[str, float]) -> tuple[float, float, float] | None:
     rate = finite(metrics.get("success_rate"))
     if rate is None:
@@ -122,7 +132,7 @@ def ranking_forest(data: ReportData, options: dict[str, Any]) -> Panel:
             ci = _ci_of(v.metrics)
             vtext = (f"{int(v.metrics.get('successes', 0))}/{int(v.metrics.get('n_seeds', 0))} "
                      f"[{ci[1]:.2f}, {ci[2]:.2f}]") if ci else "—"
-        table.append([label.split()[0], t.name, t.outcome, *[fmt_number(t.metrics.get(m)) for m in metrics], vtext,
+        table.append([label.split()[0], t.name, t.outcome, *[metric_cell(t.metrics, m) for m in metrics], vtext,
                       short_params(t.params, data.searched)])
     return Panel(fig, "Ranked by the objective (lower end of the 95% Wilson interval). A setting is robust when "
                       "its interval is high and narrow, and the validation interval agrees.", table)
@@ -194,9 +204,17 @@ def importance(data: ReportData, options: dict[str, Any]) -> Panel:
     if not result:
         return empty("no parameter is present in every finished trial")
     names = list(result)[::-1]
-    fig = go.Figure(go.Bar(x=[result[n] for n in names], y=names, orientation="h", marker={"color": "#2ca02c"}))
+    enough = int(options.get("min_trials", 20))
+    few = len(trials) < enough
+    fig = go.Figure(go.Bar(x=[result[n] for n in names], y=names, orientation="h",
+                           marker={"color": "#bbbbbb" if few else "#2ca02c"}))
     fig.update_layout(height=max(220, 40 * len(names) + 100), xaxis_title=f"importance ({name})")
-    return Panel(fig, f"Optuna's {name} importance of each parameter for the objective, over "
+    warning = ""
+    if few:
+        warning = (f"Unreliable: only {len(trials)} finished trials (fewer than {enough}); with so few the "
+                   "importances are mostly noise. ")
+        fig.update_layout(title={"text": f"⚠ only {len(trials)} trials: unreliable", "font": {"color": "#b00020"}})
+    return Panel(fig, f"{warning}Optuna's {name} importance of each parameter for the objective, over "
                       f"{len(trials)} finished trials (completed and pruned). Parameters present only "
                       "conditionally are left out.")
 
@@ -248,7 +266,7 @@ def success_vs_params(data: ReportData, options: dict[str, Any]) -> Panel:
                 x = [finite(v) for v in x]
             fig.add_trace(go.Scatter(
                 x=x, y=[t.metrics[metric] for t in rows], mode="markers", name=f"{key}={group}",
-                legendgroup=group, showlegend=i == 0,
+                legendgroup=group, showlegend=i == 0 and len(groups) > 1,
                 marker={"color": palette[g % len(palette)], "size": 9,
                         "symbol": ["circle" if t.outcome == Outcome.COMPLETED else "x" for t in rows]},
                 hovertext=[f"{t.name} ({t.outcome})" for t in rows], hoverinfo="text+x+y"), row=r, col=c)
@@ -258,8 +276,8 @@ def success_vs_params(data: ReportData, options: dict[str, Any]) -> Panel:
             fig.update_xaxes(type="category", row=r, col=c)
         fig.update_yaxes(range=[-0.05, 1.05], row=r, col=c)
     fig.update_layout(height=300 * nrows + 80, legend={"orientation": "h", "y": -0.12})
-    return Panel(fig, f"Each point is a trial ({metric}; × = pruned early by ASHA, at its last report); "
-                      f"colour: {key}.")
+    colours = f"colour: {key}." if len(groups) > 1 else f"every trial has {key}={groups[0]}."
+    return Panel(fig, f"Each point is a trial ({metric}; × = pruned early by ASHA, at its last report); {colours}")
 
 
 @panel_kind("extrapolation_mse")
@@ -270,6 +288,7 @@ def extrapolation_mse(data: ReportData, options: dict[str, Any]) -> Panel:
     ranges = data.ranges()
     if not rows or not ranges:
         return empty("no extrapolation metrics logged yet")
+    thresholds = data.thresholds()
     fig = go.Figure()
     for i, t in enumerate(rows):
         for source, metrics in (("search", t.metrics),
@@ -280,11 +299,28 @@ def extrapolation_mse(data: ReportData, options: dict[str, Any]) -> Panel:
             if all(y is None for y in ys):
                 continue
             fig.add_trace(go.Bar(x=ranges, y=ys, name=f"#{i + 1} {t.name} ({source})",
+                                 text=[near_miss(y, thresholds.get(r)) for y, r in zip(ys, ranges)],
+                                 textposition="outside",
                                  marker={"pattern": {"shape": "/" if source == "validation" else ""}}))
+    shown = [r for r in ranges if thresholds.get(r)]
+    if shown:
+        fig.add_trace(go.Scatter(x=shown, y=[thresholds[r] for r in shown], mode="markers",
+                                 name="success threshold", marker={"symbol": "line-ew-open", "size": 90,
+                                                                   "line": {"width": 3, "color": "#d62728"}}))
     fig.update_layout(barmode="group", yaxis={"type": "log", "title": "median extrapolation MSE"},
                       xaxis_title="extrapolation range", height=380)
     return Panel(fig, "Median over seeds of each seed's extrapolation MSE at its best interpolation step; "
-                      "log scale. Ranges added by `validate --range` appear only for validation runs.")
+                      "log scale; the red line is the success threshold of the range, and a bar up to 10× "
+                      "above it is labelled with how far (×1.17: a near miss). Ranges added by "
+                      "`validate --range` appear only for validation runs.")
+
+
+def near_miss(value: float | None, threshold: float | None, within: float = 10.0) -> str:
+    """``×1.17`` for a value above its threshold by less than ``within`` times, else ``""``."""
+    if value is None or not threshold or not threshold > 0:
+        return ""
+    ratio = value / threshold
+    return f"×{ratio:.2f}" if 1.0 < ratio < within else ""
 
 
 @panel_kind("solved_at")
@@ -305,7 +341,7 @@ def solved_at(data: ReportData, options: dict[str, Any]) -> Panel:
             fig.add_trace(go.Box(y=values, name=f"#{i + 1} {t.name} ({source})", boxpoints="all", jitter=0.4))
     if not count:
         return empty("no seed of the top settings solved the task")
-    fig.update_layout(yaxis_title="solved_at (training step)", height=380, showlegend=False)
+    fig.update_layout(yaxis={"title": "solved_at (training step)", "tickformat": ",d"}, height=380, showlegend=False)
     return Panel(fig, "One point per solved seed: the first evaluation step at which it was below the "
                       "success threshold. Failed seeds have no solved_at and are not shown.")
 
@@ -326,12 +362,20 @@ def weights(data: ReportData, options: dict[str, Any]) -> Panel:
     for role in roles:
         w = data.weights[role]
         state = "succeeded" if w.get("success") else ("diverged" if w.get("diverged") else "failed")
+        if state == "failed":
+            ratios = [finite(w.get("extrapolation_mse", {}).get(r)) for r in w.get("thresholds", {})]
+            worst = max(((v or math.inf) / w["thresholds"][r] for v, r in zip(ratios, w.get("thresholds", {}))
+                         if w["thresholds"][r]), default=None)
+            if worst is not None and math.isfinite(worst):
+                state = f"failed: MSE ×{worst:.2f} the threshold"
         titles += [f"{role} seed {w.get('seed')} ({state}) · {n}" for n in names]
     fig = make_subplots(rows=len(roles), cols=len(names), subplot_titles=titles)
     for i, role in enumerate(roles):
         for j, n in enumerate(names):
             z = data.weights[role]["weights"].get(n) or [[None]]
+            text = [[fmt_number(v, ".2f") if v is not None else "" for v in row] for row in z]
             fig.add_trace(go.Heatmap(z=z, zmin=-1, zmax=1, colorscale="RdBu", reversescale=True,
+                                     text=text, texttemplate="%{text}" if sum(map(len, z)) <= 400 else "",
                                      showscale=(i == 0 and j == 0)), row=i + 1, col=j + 1)
             fig.update_yaxes(autorange="reversed", row=i + 1, col=j + 1)
     fig.update_layout(height=280 * len(roles) + 80)

@@ -25,9 +25,10 @@ so the objective is never NaN and Optuna always receives a number.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-from service.scoring.metrics import AggregateMetrics
+if TYPE_CHECKING:  # torch comes with the metrics: the read-only verbs need only OBJECTIVE
+    from service.scoring.metrics import AggregateMetrics
 
 SOLVED_AT_WEIGHT = 1e-7
 SPARSITY_WEIGHT = 1e-10

@@ -14,7 +14,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.errors import error_message, is_internal_loc
+from service.errors import (
+    did_you_mean,
+    error_message,
+    is_internal_loc,
+    unknown_key_message,
+)
 from service.search.space import (
     DISTRIBUTIONS,
     CategoricalParam,
@@ -108,11 +113,27 @@ def _run_config_error(err: ValidationError, data: dict[str, Any]) -> tuple[str, 
         return where, error_message(e)
     allowed, unit = _allowed_keys_at(loc[:-1], data)
     if unit is not None:
-        return where, (f"unit {unit!r} has no option {loc[-1]!r}; its options: "
-                       f"{', '.join(allowed or []) or '(none)'}")
-    if allowed is None:
-        return where, "unknown key"
-    return where, f"unknown key; allowed: {', '.join(allowed) or '(none)'}"
+        return where, unknown_key_message(loc[-1], allowed or [], f"unit {unit!r} has no option {loc[-1]!r}",
+                                          "its options")
+    return where, unknown_key_message(loc[-1], allowed)
+
+
+def describe_run_config_error(err: ValidationError, data: dict[str, Any], source: str | None = None) -> str:
+    """``source: where: problem`` lines for a run config, an unknown key with the allowed
+    ones and the closest of them (``did you mean …``)."""
+    prefix = f"{source}: " if source else ""
+    lines = []
+    for e in err.errors(include_url=False):
+        loc = [x for x in e["loc"] if not is_internal_loc(x, DISTRIBUTIONS)]
+        where = ".".join(str(x) for x in loc) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            allowed, unit = _allowed_keys_at(loc[:-1], data)
+            what = f"unit {unit!r} has no option {loc[-1]!r}" if unit else "unknown key"
+            msg = unknown_key_message(loc[-1], allowed, what, "its options" if unit else "allowed")
+        else:
+            msg = error_message(e)
+        lines.append(f"{prefix}{where}: {msg}")
+    return "\n".join(lines)
 
 
 def _allowed_keys_at(loc: list[Any], data: dict[str, Any]) -> tuple[list[str] | None, str | None]:
@@ -166,10 +187,25 @@ _ALLOWED_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _misspelt_missing(errors: list[dict[str, Any]]) -> set[tuple[Any, ...]]:
+    """Locations of required keys reported missing beside an unknown key that is close to
+    them (``choises`` for ``choices``): the unknown key says it better, so they are dropped."""
+    unknown: dict[tuple[Any, ...], list[str]] = {}
+    for e in errors:
+        if e["type"] == "extra_forbidden":
+            unknown.setdefault(tuple(e["loc"][:-1]), []).append(str(e["loc"][-1]))
+    return {tuple(e["loc"]) for e in errors if e["type"] == "missing" and len(e["loc"]) > 0
+            and did_you_mean(e["loc"][-1], unknown.get(tuple(e["loc"][:-1]), []))}
+
+
 def _describe(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
-    for e in err.errors(include_url=False):
+    errors = err.errors(include_url=False)
+    misspelt = _misspelt_missing(errors)
+    for e in errors:
         loc = list(e["loc"])
+        if tuple(loc) in misspelt:
+            continue
         if e["type"] == "extra_forbidden":
             parent, key = loc[:-1], loc[-1]
             kind = ""
@@ -178,9 +214,9 @@ def _describe(err: ValidationError, data: dict[str, Any]) -> list[tuple[str, str
                 parent = parent[:2]
             else:
                 kind = ".".join(map(str, parent))
-            allowed = ", ".join(_ALLOWED_KEYS.get(kind, ()))
+            allowed = _ALLOWED_KEYS.get(kind)
             where = ".".join(str(x) for x in parent + [key])
-            out.append((where, f"unknown key{'; allowed: ' + allowed if allowed else ''}"))
+            out.append((where, unknown_key_message(key, allowed)))
             continue
         if e["type"] in ("union_tag_invalid", "union_tag_not_found"):
             where = ".".join(str(x) for x in loc)

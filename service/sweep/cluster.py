@@ -3,9 +3,11 @@ nodes, and keep the libraries' chatter out of the live board."""
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import service
 from service.endpoints import check_ray_address
@@ -24,15 +26,29 @@ def node_ip() -> str:
         return "unknown"
 
 
-def init_ray(address: str | None, verbose: bool) -> bool:
-    """Start (or connect to) Ray; returns True when this call started it."""
+# Ray warns on every start that token authentication is on (or off) for a local cluster,
+# however it was chosen: the setting is kept, the notice only shown with --verbose
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+# Optuna's grid sampler calls `Study.stop` when the grid is used up; outside `optimize`
+# that raises, and Ray logs it as a warning although the trial was told (it is harmless)
+STUDY_STOP_NOISE = "`Study.stop` is supposed to be invoked inside an objective function"
+
+
+def _drop_study_stop(record: logging.LogRecord) -> bool:
+    return STUDY_STOP_NOISE not in str(record.msg)
+
+
+def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | None = None) -> bool:
+    """Start (or connect to) Ray; returns True when this call started it. ``say`` gets one
+    line before the wait ("starting a local Ray…", "connecting to Ray at …") and one
+    after it, so the first seconds of a sweep are not silent."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the live board replaces Tune's tables
-    import logging
-
     import ray
 
+    if not verbose:
+        logging.getLogger(RAY_AUTH_LOGGER).setLevel(logging.ERROR)
     # the Tune loggers that would write result.json are off: don't warn that it is missing
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
@@ -48,6 +64,9 @@ def init_ray(address: str | None, verbose: bool) -> bool:
     forwarded = store.credential_env()
     if address and forwarded:  # workers on other machines need the MLflow server's credentials
         extra["runtime_env"] = {"env_vars": forwarded}
+    started = time.monotonic()
+    if say is not None:
+        say(f"connecting to Ray at {address}…" if address else "starting a local Ray…")
     try:
         ray.init(address=address or None, include_dashboard=False, log_to_driver=verbose,
                  logging_level=logging.INFO if verbose else logging.WARNING,
@@ -55,6 +74,9 @@ def init_ray(address: str | None, verbose: bool) -> bool:
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"the Ray cluster at {address!r}" if address else "a local Ray"
         raise UserError(f"cannot start or reach {where}: {e}") from None
+    if say is not None:
+        cpus = ray.cluster_resources().get("CPU", 0)
+        say(f"Ray ready in {time.monotonic() - started:.0f} s ({cpus:g} CPUs); starting the first trials…")
     return True
 
 
@@ -74,11 +96,13 @@ def check_resources(space: SearchSpace) -> None:
 
 def quiet_libraries(verbose: bool) -> None:
     """The live board is the sweep's output: keep library chatter to warnings."""
-    import logging
     import warnings
 
     import optuna
 
+    search_log = logging.getLogger("ray.tune.search.optuna.optuna_search")
+    if _drop_study_stop not in search_log.filters:
+        search_log.addFilter(_drop_study_stop)
     if verbose:
         return
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -38,14 +38,16 @@ class TrialLine:
     ci: tuple[float, float] | None = None
     last_result: dict[str, Any] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
 
 
 class SweepBoard:
     """The state of a running sweep and its rich rendering."""
 
     def __init__(self, sweep: str, total_trials: int, total_steps: int, console: Console | None = None,
-                 live: bool = True) -> None:
+                 live: bool = True, concurrency: int = 1) -> None:
         self.sweep = sweep
+        self.concurrency = max(1, concurrency)
         self.total_trials = total_trials
         self.total_steps = total_steps
         self.console = console or Console()
@@ -66,13 +68,18 @@ class SweepBoard:
             self._live.stop()
             self._live = None
 
+    @staticmethod
+    def _shown(params: dict[str, Any]) -> dict[str, Any]:
+        """The searched values of a Tune config (not the run configs the driver adds)."""
+        return {k: v for k, v in params.items() if not (k.startswith("__") and k.endswith("__"))}
+
     def trial_started(self, trial_id: str, params: dict[str, Any]) -> None:
-        line = self.trials.setdefault(trial_id, TrialLine(trial_id, dict(params)))
+        line = self.trials.setdefault(trial_id, TrialLine(trial_id, self._shown(params)))
         line.state = "running"
         self._refresh()
 
     def trial_result(self, trial_id: str, params: dict[str, Any], result: dict[str, Any]) -> None:
-        line = self.trials.setdefault(trial_id, TrialLine(trial_id, dict(params)))
+        line = self.trials.setdefault(trial_id, TrialLine(trial_id, self._shown(params)))
         line.state = "running"
         line.last_result = dict(result)
         line.step = int(result.get(STEP, line.step) or 0)
@@ -84,11 +91,12 @@ class SweepBoard:
         self._refresh()
 
     def trial_finished(self, trial_id: str, params: dict[str, Any], error: bool = False) -> None:
-        line = self.trials.setdefault(trial_id, TrialLine(trial_id, dict(params)))
+        line = self.trials.setdefault(trial_id, TrialLine(trial_id, self._shown(params)))
         if error:
             line.state = "failed"
         else:
             line.state = "done" if line.step >= self.total_steps else "pruned"
+        line.ended = time.monotonic()
         if self._live is None and self.console is not None and not self._use_live:
             self.console.print(self._line_text(line), highlight=False)
         self._refresh()
@@ -112,6 +120,20 @@ class SweepBoard:
         done = [t for t in self.trials.values() if t.state == "done" and t.objective is not None]
         return max(done, key=lambda t: t.objective) if done else None
 
+    def eta_s(self, now: float | None = None) -> float | None:
+        """Seconds until every trial has finished, from the mean time of the finished ones:
+        what the running trials still need plus the pending ones, ``concurrency`` at a
+        time (``None`` until a trial has finished)."""
+        now = time.monotonic() if now is None else now
+        finished = [t for t in self.trials.values() if t.ended is not None]
+        if not finished:
+            return None
+        mean = sum(t.ended - t.started for t in finished) / len(finished)
+        running = [t for t in self.trials.values() if t.ended is None]
+        pending = max(0, self.total_trials - len(finished) - len(running))
+        work = sum(max(0.0, mean - (now - t.started)) for t in running) + pending * mean
+        return work / self.concurrency
+
     def _line_text(self, line: TrialLine) -> str:
         rate = f"{line.successes}/{line.n_seeds}" if line.successes is not None else "—"
         obj = f"{line.objective:.3f}" if line.objective is not None else "—"
@@ -122,11 +144,16 @@ class SweepBoard:
         c = self.counts()
         elapsed = time.monotonic() - self.started
         best = self.best()
+        eta = self.eta_s()
+        if not self.trials:
+            when = " · waiting for Ray to start the first trials…"
+        else:
+            when = f" · about {_duration(eta)} left" if eta is not None else " · ETA after the first trial"
         head = Text.assemble(
             (f"sweep {self.sweep}", "bold"),
             f"  {c['done'] + c['pruned'] + c['failed']}/{self.total_trials} finished"
             f" · {c['running']} running · {c['pruned']} pruned · {c['failed']} failed"
-            f" · {elapsed:.0f} s",
+            f" · {elapsed:.0f} s{when}",
             (f"  best {best.objective:.3f} ({best.name})" if best else "", "green"),
         )
         table = Table(show_edge=False, pad_edge=False, box=None)
@@ -145,6 +172,15 @@ class SweepBoard:
                           f"{t.objective:.3f}" if t.objective is not None else "—", success,
                           ", ".join(f"{k}={fmt_param(v)}" for k, v in t.params.items()))
         return Group(head, table)
+
+
+def _duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``2 h 05 min``."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60):02d} min"
 
 
 def register_board(board: SweepBoard) -> None:

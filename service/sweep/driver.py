@@ -169,7 +169,7 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
                         f"continue it with --resume, or start a new one with --name {options.name}-2")
 
     check_study(options)
-    started_ray = init_ray(options.address, options.verbose)
+    started_ray = init_ray(options.address, options.verbose, say=lambda line: console.print(line, highlight=False))
     try:
         check_resources(space)
         return _run(space, options, console, client, parent, exp_path)
@@ -207,7 +207,8 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
         tracking_uri=options.tracking_uri, experiment_id=experiment_id, parent_run_id=parent_run_id,
         threads=max(1, int(space.resources.cpus)) if space.resources.gpus == 0 else 1,
     )
-    board = SweepBoard(options.name, space.trials, space.steps * len(space.task_configs()), console)
+    board = SweepBoard(options.name, space.trials, space.steps * len(space.task_configs()), console,
+                       concurrency=space.concurrency)
     register_board(board)
     outcome = Outcome.FAILED
     grid = None

@@ -13,7 +13,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import ValidationError
 
@@ -132,7 +132,8 @@ class ValidatedSetting:
 
 
 def validate_sweep(tracking_uri: str, name: str, top: int, seeds: int, extra_ranges: dict[str, str] | None = None,
-                   address: str | None = None, include_pruned: bool = False) -> list[ValidatedSetting]:
+                   address: str | None = None, include_pruned: bool = False,
+                   say: Callable[[str], None] | None = None) -> list[ValidatedSetting]:
     """Re-train the sweep's ``top`` settings on ``seeds`` fresh seeds each (one Ray task per
     setting) and log one validation child run per setting under the sweep's parent run."""
     from service.scoring.objective import objective_value
@@ -160,7 +161,7 @@ def validate_sweep(tracking_uri: str, name: str, top: int, seeds: int, extra_ran
             assert not (set(cfg.seed_ids) & used), "validation seeds overlap the search's seeds"
         jobs.append((trial, configs))
 
-    started_ray = init_ray(address, verbose=False)
+    started_ray = init_ray(address, verbose=False, say=say)
     import ray
 
     try:

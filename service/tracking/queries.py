@@ -123,6 +123,16 @@ def list_sweeps(client: Any) -> list[SweepView]:
     return sorted(views, key=lambda v: v.start_time or 0, reverse=True)
 
 
+def sweep_names(client: Any) -> list[str]:
+    """The names of every sweep in the store (one query; sorted)."""
+    ids = [e.experiment_id for e in store.retry(lambda: client.search_experiments())]
+    names: set[str] = set()
+    for i in range(0, len(ids), 100):  # MLflow caps the experiments of one search
+        names.update(r.data.tags.get(store.TAG_SWEEP, "") for r in
+                     runs.all_runs(client, ids[i:i + 100], f"tags.`{store.TAG_ROLE}` = '{store.ROLE_SWEEP}'"))
+    return sorted(n for n in names if n)
+
+
 def validation_runs(client: Any, experiment_id: str, parent_run_id: str) -> list[Any]:
     """The validation child runs of a sweep's parent run (``nalu-sweep validate``)."""
     return runs.all_runs(client, [experiment_id],

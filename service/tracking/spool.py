@@ -279,11 +279,24 @@ class Outbox:
         self._file.close()
         if drained:
             shutil.rmtree(self.directory, ignore_errors=True)
+            remove_empty(self.directory.parent)
         else:
             log.error("run %s: the tracking server did not take %d writes within %.0f s; they are kept in %s: "
                       "upload them with '%s %s' once it is back", self.run_id, self.pending(),
                       patience_s() if timeout_s is None else timeout_s, self.journal, UPLOAD_HINT, self.directory)
         return drained
+
+
+def remove_empty(root: Path) -> None:
+    """Delete the run folders under the spool ``root`` that hold no file (left by a trial
+    stopped while it closed its spool, e.g. a pruned one)."""
+    try:
+        children = list(root.iterdir())
+    except OSError:
+        return
+    for child in children:
+        if child.is_dir() and not any(p.is_file() for p in child.rglob("*")):
+            shutil.rmtree(child, ignore_errors=True)
 
 
 def _short(e: BaseException) -> str:

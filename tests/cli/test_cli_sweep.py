@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from service.cli import app
+from service.cli import sweep as cli_sweep
 from service.tracking import store
 
 SMOKE = str(Path(__file__).resolve().parents[2] / "search_spaces" / "smoke.yaml")
@@ -59,7 +60,7 @@ def test_best_and_status_of_an_unknown_sweep(tmp_path):
 def test_ui_serves_the_store_on_localhost(monkeypatch, tmp_path):
     (tmp_path / "mlflow.db").touch()
     calls = []
-    monkeypatch.setattr(subprocess, "run", lambda cmd, check: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    monkeypatch.setattr(cli_sweep, "serve", lambda cmd: calls.append(cmd) or 0)
     result = runner.invoke(app, ["ui", "--port", "5123"])
     assert result.exit_code == 0, result.output
     assert "http://127.0.0.1:5123" in result.output
@@ -68,6 +69,41 @@ def test_ui_serves_the_store_on_localhost(monkeypatch, tmp_path):
     assert cmd[cmd.index("--backend-store-uri") + 1] == f"sqlite:///{tmp_path.resolve() / 'mlflow.db'}"
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
     assert cmd[cmd.index("--default-artifact-root") + 1] == (tmp_path.resolve() / "mlruns").as_uri()
+    assert cmd[cmd.index("--workers") + 1] == "1"  # not MLflow's 4 on a 2-core laptop
+
+
+def test_ui_stops_its_server_and_workers_on_sigterm(tmp_path):
+    """`serve` runs the server in a process group of its own; SIGTERM to `nalu-sweep ui`
+    stops that group, workers included (here: a shell and its background child)."""
+    import os
+    import signal
+    import sys
+    import time
+
+    pids = tmp_path / "pids"
+    script = (f"import sys; from service.cli.sweep import serve; "
+              f"sys.exit(serve(['sh', '-c', 'sleep 300 & echo $$ $! > {pids}; wait']))")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env)
+    deadline = time.monotonic() + 120
+    while not (pids.exists() and len(pids.read_text().split()) == 2):
+        assert time.monotonic() < deadline and proc.poll() is None, "the server never started"
+        time.sleep(0.2)
+    server, worker = map(int, pids.read_text().split())
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 130
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return not Path(f"/proc/{pid}/stat").read_text().split(")")[1].split()[0] == "Z"
+
+    deadline = time.monotonic() + 20
+    while (alive(server) or alive(worker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(server) and not alive(worker), "the server or its worker outlived `ui`"
 
 
 def test_ui_with_a_server_prints_its_address():

@@ -200,6 +200,61 @@ def test_compare_two_sweeps(tmp_path):
     assert unknown.exit_code == 2 and "no sweep named 'unknown'" in unknown.output
 
 
+def test_the_panels_read_like_the_terminal(tmp_path):
+    """New panels (history, parallel coordinates) and the details: the objective to 4
+    decimals, integer steps, the threshold and near misses on the MSE chart, values on the
+    weights, an importance warning with few trials, no legend of one value."""
+    from service.report.data import load_report_data
+    from service.report.panels import PANEL_KINDS, metric_cell
+
+    uri = store.default_tracking_uri(tmp_path)
+    _fake_sweep(uri, "details")
+    data = load_report_data(uri, "details")
+    panel = lambda kind, **options: PANEL_KINDS[kind](data, options)  # noqa: E731
+
+    assert metric_cell({"objective": 1.99e-11}, "objective") == "0.0000"
+    assert metric_cell({"solved_at_median": 1500.0}, "solved_at_median") == "1500"
+    ranking = panel("ranking_forest").table
+    col = ranking[0].index("objective")
+    assert [row[col] for row in ranking[1:]] == ["0.3000", "0.0000"]
+
+    history = panel("optimization_history").figure
+    best = next(t for t in history.data if t.name.startswith("best so far"))
+    assert list(best.y) == sorted(best.y) and best.y[-1] == 0.3  # never goes down
+    assert {t.name for t in history.data} >= {"completed", "pruned"}
+
+    parallel = panel("parallel_coordinates")
+    (trace,) = parallel.figure.data
+    labels = [d.label for d in trace.dimensions]
+    assert labels[-1] == "objective" and "lr (log10)" in labels and "optimizer" in labels
+    assert "momentum" not in labels and "momentum" in parallel.note  # conditional: said, not drawn
+
+    assert "Unreliable: only 3 finished trials" in panel("importance", min_trials=20).note
+    assert "Unreliable" not in panel("importance", min_trials=2).note
+
+    params = panel("success_vs_params")
+    assert not any(t.showlegend for t in params.figure.data)  # one unit for every trial: no legend
+    assert "every trial has unit=nau → nmu" in params.note
+
+    best_run = data.ranked(1)[0].run_id
+    data.seeds[best_run] = [{"seed": "0", "threshold.extrapolation": "0.000854"}]
+    data.view.trials[0].metrics["extrapolation_mse_median.extrapolation"] = 0.000854 * 1.17
+    mse = panel("extrapolation_mse").figure
+    threshold = next(t for t in mse.data if t.name == "success threshold")
+    assert list(threshold.y) == [0.000854]
+    assert "×1.17" in list(mse.data[0].text)
+
+    data.weights = {
+        "best": {"seed": 3, "success": True, "diverged": False, "weights": {"W": [[1.0, 0.0], [0.0, 1.0]]}},
+        "failed": {"seed": 7, "success": False, "diverged": False, "thresholds": {"extrapolation": 0.000854},
+                   "extrapolation_mse": {"extrapolation": 0.000854 * 1.17},
+                   "weights": {"W": [[0.93, 0.1], [0.0, 1.02]]}}}
+    heat = panel("weights").figure
+    titles = [a.text for a in heat.layout.annotations]
+    assert any("failed: MSE ×1.17 the threshold" in t for t in titles), titles
+    assert heat.data[1].text[0][0] == "0.93" and heat.data[0].texttemplate == "%{text}"
+
+
 # -- a trial of several tasks (real training, no Ray) ---------------------------------------------------------
 def test_the_weights_panel_shows_a_trial_of_several_tasks(tmp_path, monkeypatch):
     """Each task's artifacts are in a folder of its own: the report finds them there."""
@@ -258,8 +313,9 @@ def test_dashboard_panels_come_from_the_definitions_file(tmp_path):
     from service.report.panels import PANEL_KINDS
 
     board = load_dashboard()
-    assert [p.kind for p in board.panels] == ["ranking_forest", "importance", "success_vs_params",
-                                              "extrapolation_mse", "solved_at", "weights"]
+    assert [p.kind for p in board.panels] == ["ranking_forest", "optimization_history", "parallel_coordinates",
+                                              "importance", "success_vs_params", "extrapolation_mse", "solved_at",
+                                              "weights"]
     assert all(p.kind in PANEL_KINDS for p in board.panels)
     bad = tmp_path / "bad.yaml"
     bad.write_text("panels: [{kind: nope}]\n")

@@ -71,8 +71,8 @@ MISTAKES = [
     ("unknown-distribution", _set("params.lr.type", "logunifrom"),
      "params.lr.type: unknown distribution 'logunifrom'; allowed: loguniform, uniform, int, categorical"),
     ("missing-type", _drop("params.lr.type"), "params.lr.type: missing 'type'"),
-    ("unknown-top-key", _set("stepz", 3), "stepz: unknown key; allowed: name, description, task"),
-    ("unknown-param-key", _set("params.lr.hihg", 3), "params.lr.hihg: unknown key; allowed: target, when"),
+    ("unknown-top-key", _set("stepz", 3), "stepz: unknown key; did you mean 'steps'? allowed: name, description, task"),
+    ("unknown-param-key", _set("params.lr.hihg", 3), "params.lr.hihg: unknown key; did you mean 'high'? allowed: target, when"),
     ("when-unknown-param", _set("params.momentum.when", {"optimiser": "sgd"}),
      "params.momentum.when: refers to 'optimiser', which is not a parameter; parameters: lr, optimizer"),
     ("when-unknown-choice", _set("params.momentum.when", {"optimizer": "sgdd"}),
@@ -103,7 +103,7 @@ MISTAKES = [
     ("steps-in-fixed", _set("fixed.train.steps", 10), "fixed.train.steps: set 'steps' at the top level"),
     ("task-in-fixed", _set("fixed.task", {"kind": "small_mul"}), "fixed.task: set the task under 'task:'"),
     ("bad-fixed-value", _set("fixed.train.batch_size", 0), "fixed.train.batch_size: Input should be greater than or equal to 1"),
-    ("unknown-fixed-key", _set("fixed.trian", {}), "fixed.trian: unknown key; allowed: task, model, train"),
+    ("unknown-fixed-key", _set("fixed.trian", {}), "fixed.trian: unknown key; did you mean 'train'? allowed: task, model, train"),
     ("bad-scheduler", _set("scheduler", {"type": "hyperband"}), "scheduler.type: Input should be 'asha' or 'none'"),
     ("negative-gpus", _set("resources.gpus", -1), "resources.gpus: Input should be greater than or equal to 0"),
     ("zero-seeds", _set("seeds", 0), "seeds: Input should be greater than or equal to 1"),
@@ -123,6 +123,31 @@ def test_mistake_gives_clear_message(mutate, expected):
     message = _error(mutate)
     assert expected in message, message
     assert message.startswith("spaces/x.yaml: ")
+
+
+def test_a_misspelt_required_key_is_one_line_that_names_the_right_key():
+    """``choises`` for ``choices``: not first a misleading "choices must be a list" line."""
+    def misspell(data):
+        data["params"]["optimizer"]["choises"] = data["params"]["optimizer"].pop("choices")
+    message = _error(misspell)
+    assert message == ("spaces/x.yaml: params.optimizer.choises: unknown key; did you mean 'choices'? "
+                       "allowed: target, when, description, type, choices"), message
+    far = _error(_set("params.lr.zzz", 1))  # nothing close: no guess
+    assert "did you mean" not in far and "params.lr.zzz: unknown key; allowed:" in far
+
+
+def test_run_config_keys_suggest_the_closest(tmp_path):
+    from pydantic import ValidationError
+
+    from service.config import RunConfig
+    from service.search.loading import describe_run_config_error
+
+    data = {"task": {"kind": "small_mul"}, "train": {"stesp": 10}, "seedz": 3}
+    with pytest.raises(ValidationError) as info:
+        RunConfig.model_validate(data)
+    text = describe_run_config_error(info.value, data, "run.yaml")
+    assert "run.yaml: train.stesp: unknown key; did you mean 'steps'? allowed: steps" in text, text
+    assert "run.yaml: seedz: unknown key; did you mean 'seeds'?" in text, text
 
 
 def test_one_message_per_problem():

@@ -25,7 +25,8 @@ def test_board_follows_trial_events_through_the_callback():
     register_board(board)
     try:
         callback = pickle.loads(pickle.dumps(LiveProgress("demo")))  # as restored from Tune's state
-        a, b, c = _Trial("a", {"lr": 0.01}), _Trial("b", {"lr": 0.1}), _Trial("c", {"lr": 1.0})
+        a, b, c = (_Trial("a", {"lr": 0.01, "__run_configs__": {"t": "a whole RunConfig"}}),
+                   _Trial("b", {"lr": 0.1}), _Trial("c", {"lr": 1.0}))
         for t in (a, b, c):
             callback.on_trial_start(0, [], t)
         callback.on_trial_result(0, [], a, {"step": 1000, "objective": 0.42, "successes": 12, "n_seeds": 16,
@@ -42,3 +43,79 @@ def test_board_follows_trial_events_through_the_callback():
     text = console.export_text()
     assert "1 pruned" in text and "1 failed" in text and "best 0.420 (a)" in text
     assert "12/16 [0.42, 0.90]" in text and "lr=0.01" in text
+    assert "__run_configs__" not in text and "RunConfig" not in text  # the driver's, not the user's
+
+
+def test_board_says_what_it_waits_for_and_estimates_the_time_left():
+    console = Console(record=True, width=160, force_terminal=False)
+    board = SweepBoard("demo", total_trials=6, total_steps=1000, console=console, concurrency=2)
+    console.print(board.render())
+    assert "waiting for Ray to start the first trials" in console.export_text()
+    assert board.eta_s() is None  # nothing finished: no guess
+    board.trial_started("a", {"lr": 0.1})
+    board.trial_started("b", {"lr": 0.2})
+    assert "ETA after the first trial" in _text(board)
+    a, b = board.trials["a"], board.trials["b"]
+    a.started, b.started = 0.0, 50.0
+    board.trial_result("a", {}, {"step": 1000})
+    board.trial_finished("a", {})
+    a.ended = 100.0  # a took 100 s
+    # at t=100: b needs ~50 s more, 4 trials wait (400 s of work): 450 s over 2 at a time
+    assert board.eta_s(now=100.0) == 225.0
+    assert "left" in _text(board)
+
+
+def _text(board: SweepBoard) -> str:
+    console = Console(record=True, width=200, force_terminal=False)
+    console.print(board.render())
+    return console.export_text()
+
+
+def test_optuna_study_stop_noise_is_kept_out_of_the_sweep_output():
+    import logging
+
+    from service.sweep.cluster import STUDY_STOP_NOISE, quiet_libraries
+
+    quiet_libraries(verbose=False)
+    search_log = logging.getLogger("ray.tune.search.optuna.optuna_search")
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    search_log.addHandler(handler)  # Ray's loggers do not propagate to pytest's
+    try:
+        search_log.warning(RuntimeError(STUDY_STOP_NOISE + " or a callback."))
+        search_log.warning("a real problem")
+    finally:
+        search_log.removeHandler(handler)
+    assert seen == ["a real problem"]
+
+
+def test_ray_token_auth_notice_is_dropped_not_other_warnings(monkeypatch):
+    import logging
+
+    import ray
+
+    from service.sweep.cluster import RAY_AUTH_LOGGER, init_ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # no Ray is started here
+    auth = logging.getLogger(RAY_AUTH_LOGGER)
+    monkeypatch.setattr(auth, "level", logging.NOTSET)
+    said = []
+    assert init_ray(None, verbose=False, say=said.append) is False
+    assert not auth.isEnabledFor(logging.WARNING)
+    assert logging.getLogger("ray.tune").isEnabledFor(logging.WARNING)
+
+
+def test_the_wait_for_ray_is_announced(monkeypatch):
+    import ray
+
+    from service.sweep.cluster import init_ray
+
+    monkeypatch.setenv("PYTHONPATH", "")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda **kwargs: None)  # no Ray is started here
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    said: list[str] = []
+    assert init_ray(None, verbose=False, say=said.append) is True
+    assert said[0] == "starting a local Ray…"
+    assert said[1].startswith("Ray ready in ") and "(2 CPUs)" in said[1]

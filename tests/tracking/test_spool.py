@@ -204,3 +204,18 @@ def test_trial_run_counts_the_points_it_logged(tracking, tmp_path, monkeypatch):
     assert run.data.tags[store.TAG_METRIC_POINTS] == "40"
     assert run.data.params == {"lr": "0.1"}
     assert list(tmp_path.iterdir()) == []
+
+
+def test_no_empty_spool_folder_is_left_behind(tracking, tmp_path):
+    """A trial stopped while it closed its spool (a pruned one) can leave its run folder
+    without files; the next run that closes cleans such folders, keeps real journals."""
+    _, client, _ = tracking
+    root = tmp_path / "spool"
+    (root / "pruned-run" / "artifacts").mkdir(parents=True)  # what a stopped trial left
+    (root / "kept-run").mkdir()
+    (root / "kept-run" / spool.JOURNAL).write_text("{}\n")  # unsent writes: never deleted
+    run_id = _run(tracking)
+    outbox = spool.Outbox(client, run_id, root=root)
+    outbox.set_tags({"phase": "pruned"})
+    assert outbox.close(timeout_s=60)
+    assert sorted(p.name for p in root.iterdir()) == ["kept-run"]
