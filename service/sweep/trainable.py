@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from service.formatting import settings_label
 from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
 from service.sweep.cluster import node_ip
@@ -58,14 +59,13 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
 
     context = tune.get_context()
     trial_id = context.get_trial_id()  # read first: stopping may interrupt anything later
-    trial_name = context.get_trial_name() or trial_id
     torch.set_num_threads(settings.threads)
     space = SearchSpace.model_validate(settings.space)  # checked in full by the driver
     params = active_params(space, {k: v for k, v in config.items() if k in space.params})
     configs = config.get(RUN_CONFIGS) or run_configs(space, params)  # a searcher without configs
     tracker = runs.TrialRun.open(
         settings.tracking_uri, settings.experiment_id, settings.parent_run_id,
-        trial_key=trial_id, run_name=trial_name, params={**params, **settings.task_params},
+        trial_key=trial_id, run_name=settings_label(params, list(space.params)), params={**params, **settings.task_params},
         tags={store.TAG_SWEEP: settings.sweep, store.TAG_NODE: node_ip()},
     )
     progress = TrialProgress()

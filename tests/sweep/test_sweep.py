@@ -67,7 +67,8 @@ def test_smoke_sweep_records_one_parent_and_one_child_per_trial(ray_address):
 
     best = runner.invoke(app, ["best", "smoke-e2e", "--top", "3"])
     assert best.exit_code == 0, best.output
-    for text in ("lr", "optimizer", "success [95% CI]", "solved_at median", "sparsity error", completed[0].info.run_name):
+    trial_name = "trial-" + completed[0].data.tags["nalu_sweep.trial_key"]
+    for text in ("lr", "optimizer", "success [95% CI]", "solved_at median", "sparsity error", trial_name):
         assert text in best.output, text
 
     status = runner.invoke(app, ["status"])
