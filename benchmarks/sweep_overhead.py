@@ -45,14 +45,49 @@ def run_config(lr: float, seeds: int, steps: int, eval_every: int) -> dict:
     return {"task": TASK, **FIXED, "train": train, "seeds": seeds}
 
 
+CPU: dict[str, float] = {}  # CPU seconds of each command's process tree, in call order
+
+
+def _tree_cpu(proc: subprocess.Popen) -> float:
+    """Wait for ``proc``, sampling the CPU time of it and every descendant (Ray's GCS,
+    raylet and workers included) every 0.2 s; returns their sum at the last sample of each.
+    CPU seconds are what a busy shared machine inflates far less than wall time."""
+    import psutil
+
+    seen: dict[int, float] = {}
+    root = psutil.Process(proc.pid)
+    while proc.poll() is None:
+        try:
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            procs = []
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                seen[p.pid] = t.user + t.system
+            except psutil.Error:
+                pass
+        time.sleep(0.2)
+    return sum(seen.values())
+
+
 def timed(cmd: list[str], cwd: Path) -> float:
+    """Wall seconds of ``cmd``; the CPU seconds of its process tree go to ``CPU``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    import threading
+
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
+    reader.start()
+    cpu = _tree_cpu(proc)
     wall = time.perf_counter() - start
-    if done.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    reader.join()
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed:\n{''.join(out)[-4000:]}")
+    CPU[f"{cmd[3]}:{cwd.name}:{cmd[4]}"] = cpu
     return wall
 
 
@@ -99,6 +134,13 @@ def main() -> None:
     print(f"  nalu-sweep sweep, {n} trials: {many:7.1f} s  → ratio {many / run_total:.2f}")
     print(f"  fixed cost:     {fixed:6.1f} s")
     print(f"  per-trial cost: {per_trial:6.1f} s  ({per_trial / per_run:.1%} of a {per_run:.0f}-second run)")
+    cpu = list(CPU.values())  # the runs, then sweep(1), then sweep(N)
+    run_cpu, one_cpu, many_cpu = sum(cpu[:n]), cpu[n], cpu[n + 1]
+    per_trial_cpu = ((many_cpu - run_cpu) - (one_cpu - cpu[0])) / (n - 1)
+    print(f"  CPU seconds: runs {run_cpu:.1f} ({', '.join(f'{c:.1f}' for c in cpu[:n])}), sweep(1) {one_cpu:.1f}, "
+          f"sweep({n}) {many_cpu:.1f} → ratio {many_cpu / run_cpu:.2f}; fixed "
+          f"{(one_cpu - cpu[0]) - per_trial_cpu:.1f} s, per trial {per_trial_cpu:.1f} s "
+          f"({per_trial_cpu / (run_cpu / n):.1%} of a run)")
 
 
 if __name__ == "__main__":

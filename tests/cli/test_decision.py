@@ -202,3 +202,28 @@ def test_the_printed_link_opens_the_runs_table_in_a_browser(decided, tmp_path):
     finally:
         os.killpg(ui.pid, 15)
         ui.wait(30)
+
+
+def test_a_sweep_of_several_tasks_exports_one_task_at_a_time(monkeypatch):
+    from types import SimpleNamespace
+
+    import service.tracking.queries as queries
+    from service.cli import decision
+    from service.errors import UserError
+    from service.search.loading import load_space
+
+    space = load_space(REPO / "search_spaces" / "nalu_gates.yaml")
+    assert len(space.task_configs()) > 1
+    monkeypatch.setattr(queries, "sweep_space", lambda client, run_id: space)
+    monkeypatch.setattr(store, "client", lambda uri: None)
+    params = {}
+    for name, p in space.params.items():  # any valid value of each parameter, as MLflow logs it
+        labels = getattr(p, "labels", None)
+        params[name] = str(labels[0]) if labels else str(getattr(p, "low"))
+    view = SimpleNamespace(name="gates", run_id="r")
+    row = SimpleNamespace(params=params, name="trial-x", run_name="x")
+    with pytest.raises(UserError, match="--task"):
+        decision.trial_config_data("sqlite:///x", view, row, None)
+    first = next(iter(space.task_configs()))
+    task, data = decision.trial_config_data("sqlite:///x", view, row, first)
+    assert task == first and data["task"]["kind"]
