@@ -141,6 +141,8 @@ def main() -> None:
           f"sweep({n}) {many_cpu:.1f} → ratio {many_cpu / run_cpu:.2f}; fixed "
           f"{(one_cpu - cpu[0]) - per_trial_cpu:.1f} s, per trial {per_trial_cpu:.1f} s "
           f"({per_trial_cpu / (run_cpu / n):.1%} of a run)")
+    print(f"  one more trial in a sweep: {(many - one) / (n - 1):.1f} s wall, {(many_cpu - one_cpu) / (n - 1):.1f} s CPU "
+          f"(a `nalu-sweep run`, process start included: {per_run:.1f} s wall, {run_cpu / n:.1f} s CPU)")
 
 
 if __name__ == "__main__":

@@ -38,6 +38,13 @@ def print_links(uri: str, experiment_id: str, parent_run_id: str | None = None, 
         console.print(line, highlight=False, soft_wrap=True)
 
 
+def has_report(view: Any) -> bool:
+    """Whether `nalu-sweep report` logged a report to the sweep's parent run."""
+    from service.tracking.best import TAG_REPORT
+
+    return bool(view.tags.get(TAG_REPORT))
+
+
 def ui_links(uri: str, base: str) -> list[str]:
     """One runs-table link per sweep in the store, for ``nalu-sweep ui``."""
     from service.tracking import store

@@ -254,7 +254,7 @@ def best(
                       f"{c['failed']} failed)")
         return
     print_wide(best_table(view, top, include_pruned))
-    decision.print_links(uri, view.experiment_id, view.run_id, report="nalu_sweep.verdict" in view.tags)
+    decision.print_links(uri, view.experiment_id, view.run_id, report=decision.has_report(view))
 
 
 @app.command()

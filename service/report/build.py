@@ -318,5 +318,6 @@ def build_report(tracking_uri: str, name: str, out_dir: Path, dashboard_file: Pa
         ranked = data.ranked()
         val = data.validations.get(ranked[0].run_id) if ranked else None
         record_best(client, data.view.run_id, name, data.view.trials, val.metrics if val else None,
-                    extra=[f"The report: artifact `{ARTIFACT_DIR}/report.html` of this run.", *lines[1:]])
+                    extra=[f"The report: artifact `{ARTIFACT_DIR}/report.html` of this run.", *lines[1:]],
+                    report=f"{ARTIFACT_DIR}/report.html")
     return ReportFiles(page, png_files, logged, data)

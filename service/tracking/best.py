@@ -20,6 +20,7 @@ TAG_BEST_TRIAL = BEST_PREFIX + "trial"
 TAG_BEST_RUN = BEST_PREFIX + "run_id"
 TAG_BEST_SUCCESS = BEST_PREFIX + "success"
 TAG_VERDICT = "nalu_sweep.verdict"  # robust, promising, not_robust
+TAG_REPORT = "nalu_sweep.report"  # the report's artifact path, once `nalu-sweep report` logged it
 _BOOKKEEPING = ("seeds", "steps", "eval_every")
 
 
@@ -70,13 +71,17 @@ def parent_note(sweep: str, row: TrialRow | None, searched: list[str] | None,
 
 
 def record_best(client: Any, parent_run_id: str, sweep: str, trials: Iterable[TrialRow],
-                validation: dict[str, float] | None = None, extra: Iterable[str] = ()) -> TrialRow | None:
-    """Tag the parent run with its best completed trial and describe it; returns that trial."""
+                validation: dict[str, float] | None = None, extra: Iterable[str] = (),
+                report: str | None = None) -> TrialRow | None:
+    """Tag the parent run with its best completed trial and describe it (and where its
+    report is, when given); returns that trial."""
     parent = retry(lambda: client.get_run(parent_run_id))
     searched = searched_names(dict(parent.data.params))
     order = ranked(trials)
     row = order[0] if order else None
     tags: dict[str, str] = {TAG_NOTE: parent_note(sweep, row, searched, validation, extra)}
+    if report:
+        tags[TAG_REPORT] = report
     if row is not None:
         tags.update({TAG_BEST_TRIAL: row.name, TAG_BEST_RUN: row.run_id,
                      TAG_BEST_SUCCESS: success_text(row.metrics)})

@@ -97,6 +97,9 @@ def test_mlflow_records_names_tags_and_the_answer(decided):
     parent = runs.find_sweep_run(client, exp.experiment_id, "dec")
     tags = parent.data.tags
     assert tags["nalu_sweep.verdict"] in ("robust", "promising", "not_robust")
+    assert tags["nalu_sweep.report"] == "report/report.html"
+    shown = runner.invoke(app, ["best", "dec", "--tracking-uri", uri])
+    assert shown.exit_code == 0 and "report in MLflow: " in shown.output and "MLflow runs table: " in shown.output
     assert "Verdict:" in tags["mlflow.note.content"] and "report/report.html" in tags["mlflow.note.content"]
     best_run = client.get_run(tags["nalu_sweep.best.run_id"])
     for name in ("lr", "optimizer", "lambda_max", "nau_init"):

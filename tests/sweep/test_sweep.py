@@ -34,6 +34,10 @@ def test_smoke_sweep_records_one_parent_and_one_child_per_trial(ray_address):
     result = runner.invoke(app, ["sweep", SMOKE, "--trials", "4", "--seeds", "4", "--name", "smoke-e2e"])
     assert result.exit_code == 0, result.output
     assert "sweep smoke-e2e completed" in result.output
+    text = " ".join(result.output.split())  # rich wraps long lines
+    for needle in ("best setting: ", "nalu-sweep validate smoke-e2e --top 3", "nalu-sweep report smoke-e2e",
+                   "/runs?workflowType=machine_learning"):
+        assert needle in text, needle  # the sweep ends with its answer so far and the next command
 
     client, parent, children = _children("smoke-e2e")
     assert parent.info.status == "FINISHED"
