@@ -53,3 +53,12 @@ def fmt_param(value: Any) -> str:
 def redact(uri: str) -> str:
     """``scheme://user:***@host/db``: a URI (or a message holding one) fit for messages and logs."""
     return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", uri)
+
+
+def settings_label(params: dict[str, Any], names: list[str] | None = None, limit: int = 250) -> str:
+    """A trial's settings as a short name, ``lr=0.012 optimizer=adam`` (``names`` in order,
+    default every parameter), at most ``limit`` characters; ``(fixed settings)`` when empty.
+    It depends on the settings only, never on a rank or an id."""
+    keys = [k for k in (names if names is not None else list(params)) if k in params]
+    text = " ".join(f"{k}={fmt_param(params[k])}" for k in keys) or "(fixed settings)"
+    return text if len(text) <= limit else text[:limit - 1] + "…"

@@ -126,6 +126,10 @@ def sweep(
              "postgresql+psycopg://user:pass@host/optuna (default: in memory, saved with Tune's state)."),
     resume: bool = typer.Option(False, "--resume", help="Continue an interrupted sweep of the same name."),
     verbose: bool = typer.Option(False, "--verbose", help="Show Ray's worker logs."),
+    validate: Optional[int] = typer.Option(
+        None, "--validate", min=1, metavar="K",
+        help="Then re-train the top K settings on fresh seeds, build the report and end with the verdict."),
+    validate_seeds: int = typer.Option(32, min=1, help="Fresh seeds per setting for --validate."),
 ) -> None:
     """Search a space: Ray Tune runs the trials, Optuna (TPE) picks them, ASHA stops hopeless
     ones early, and MLflow records one parent run with one child run per trial.
@@ -161,6 +165,7 @@ def sweep(
             name=sweep_name, tracking_uri=uri,
             storage_path=resolve_storage_path(storage_path), space_file=space_file.resolve(),
             address=address, resume=resume, verbose=verbose, optuna_storage=optuna_storage,
+            keep_ray=validate is not None,
         )
         console.print(f"sweep [bold]{sweep_name}[/]: {space.trials} trials × {space.seeds} seeds × "
                       f"{space.steps} steps, {space.concurrency} at a time; tracking {redact(options.tracking_uri)}",
@@ -168,6 +173,8 @@ def sweep(
         summary = run_sweep(space, options, console)
     except UserError as e:
         fail(str(e))
+    from service.cli import decision
+
     c = summary.trials
     console.print(f"sweep [bold]{summary.name}[/] {summary.outcome}: {c.get('completed', 0)} completed, "
                   f"{c.get('pruned', 0)} pruned, {c.get('failed', 0)} failed, "
@@ -182,12 +189,23 @@ def sweep(
         view = None
     if view is not None and view.ranked():
         print_wide(best_table(view, top=5, width=console.width if console.is_terminal else None))
-    console.print(f"details: [bold]nalu-sweep best {summary.name}[/], or browse with [bold]nalu-sweep ui[/]",
-                  highlight=False)
     if summary.outcome != Outcome.COMPLETED:
+        console.print(f"details: [bold]nalu-sweep best {summary.name}[/], or browse with [bold]nalu-sweep ui[/]",
+                      highlight=False)
         console.print(f"continue with: nalu-sweep sweep {space_file} --resume --name {summary.name}",
                       highlight=False)
         raise typer.Exit(1)
+    if view is not None and validate is not None and view.ranked():
+        try:
+            decision.validate_and_report(summary.tracking_uri, summary.name, validate, validate_seeds, address,
+                                         stop_ray=summary.ray_left_running)
+        except UserError as e:
+            fail(str(e))
+        return
+    if view is not None:
+        decision.best_line(view)
+    decision.next_steps(summary.name)
+    decision.print_links(summary.tracking_uri, summary.experiment_id)
 
 
 @app.command()
@@ -262,12 +280,21 @@ def best(
     top: int = typer.Option(10, min=1, help="How many settings to show."),
     include_pruned: bool = typer.Option(False, "--include-pruned", help="Also rank trials ASHA stopped early."),
     tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
+    trial: Optional[str] = typer.Option(None, "--trial", help="A trial (trial-ID, its run id or run name) instead of the best."),
+    format_: str = typer.Option("table", "--format", help="table: the ranking; yaml or json: the trial's complete "
+                                "run config, which `nalu-sweep run FILE` trains as is."),
+    task: Optional[str] = typer.Option(None, "--task", help="The task whose run config to print (a sweep of several tasks)."),
 ) -> None:
     """The most robust settings of a sweep: parameters, success rate with its 95% CI,
     median solved_at, mean sparsity error over solved seeds at their best-validation step
-    (the NAU paper's figure) and the final model's, best first."""
+    (the NAU paper's figure) and the final model's, best first; with --format yaml|json, the
+    best trial's (or --trial's) complete run config."""
+    from service.cli import decision
+
     try:
         require_sweep_name(name, "NAME")
+        if format_ not in decision.FORMATS:
+            raise UserError(f"--format {format_!r}: one of {', '.join(decision.FORMATS)}")
         uri = tracking_uri_of(tracking_uri, must_exist=True)
         from service.tracking.queries import load_sweep, sweep_names
 
@@ -278,6 +305,13 @@ def best(
             raise UserError(f"cannot read the MLflow tracking store {uri}: {e}") from None
         if view is None:
             raise no_such_sweep(name, uri, sweep_names(client))
+        if format_ != "table":  # only the config on stdout: it is meant for a file
+            row = decision.pick_trial(view, trial, include_pruned)
+            print(decision.export_config(uri, view, row, task, format_))
+            return
+        if trial is not None:
+            view.trials = [decision.pick_trial(view, trial, include_pruned=True)]
+            include_pruned = True
     except UserError as e:
         fail(str(e))
     if not view.ranked(include_pruned):
@@ -287,6 +321,7 @@ def best(
         return
     console.print(winner_table(view, include_pruned))
     print_wide(best_table(view, top, include_pruned, width=console.width if console.is_terminal else None))
+    decision.print_links(uri, view.experiment_id, view.run_id, report=decision.has_report(view))
 
 
 @app.command()
@@ -305,14 +340,25 @@ def ui(
     except UserError as e:
         fail(str(e))
     if uri.startswith(("http://", "https://")):
-        console.print(f"the tracking store is an MLflow server: open {redact(uri)}")
+        from service.cli.decision import ui_links
+        from service.tracking.links import ui_base
+
+        console.print(f"the tracking store is an MLflow server: open {redact(uri)}; each sweep's runs table:")
+        for line in ui_links(uri, ui_base(uri)[0]):
+            console.print(line, highlight=False, soft_wrap=True)
         return
     cmd = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", uri, "--host", host, "--port", str(port),
            "--workers", str(workers)]
     root = artifact_root(uri)
     if root:
         cmd += ["--default-artifact-root", root]
-    console.print(f"MLflow UI for {uri}: [bold]http://{host}:{port}[/] (Ctrl-C to stop)", highlight=False)
+    from service.cli.decision import ui_links
+
+    base = f"http://{host}:{port}"
+    console.print(f"MLflow UI for {uri}: [bold]{base}[/] (Ctrl-C to stop); each sweep's runs table:",
+                  highlight=False)
+    for line in ui_links(uri, base):
+        console.print(line, highlight=False, soft_wrap=True)
     code = serve(cmd)
     if code not in (0, -2, -15, 130, 143):
         fail(f"mlflow ui exited with code {code} (is port {port} in use? try --port)", code=1)

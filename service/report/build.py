@@ -15,6 +15,7 @@ from service.formatting import finite
 from service.report import search_panels  # noqa: F401 - registers its panel kinds
 from service.report.data import ReportData, load_report_data
 from service.report.panels import PANEL_KINDS, Panel, empty, short_params
+from service.tracking.best import judge, setting_params
 from service.tracking.store import Outcome
 from service.yamlio import load_mapping
 
@@ -100,11 +101,9 @@ def summary_lines(data: ReportData) -> list[str]:
             text += (f" across {ranges}. It has not been validated on fresh seeds yet: run "
                      f"`nalu-sweep validate {view.name}` — the best of a search is optimistically biased.")
         lines.append(text)
-        low = finite((val.metrics if val else best.metrics).get("success_ci_low"))
-        if low is not None:
-            verdict = ("robust" if low >= 0.8 else "promising but not proven" if low >= 0.5
-                       else "not robust: too few seeds succeed, or too few seeds were tried")
-            lines.append(f"Verdict: {verdict} (the lower end of the 95% interval is {low:.2f}).")
+        judged = judge(best, val.metrics if val else None)
+        if judged is not None:
+            lines.append(judged.sentence())
     diverged = data.diverged_trials()
     if diverged:
         seeds = sum(int(t.metrics.get("diverged", 0)) for t in diverged)
@@ -116,6 +115,37 @@ def summary_lines(data: ReportData) -> list[str]:
     if c["failed"]:
         lines.append(f"{c['failed']} trial(s) failed with an error (see the nalu_sweep.error tag in MLflow).")
     return lines
+
+
+def _interval(metrics: dict[str, float] | None) -> dict[str, Any] | None:
+    if not metrics or "success_rate" not in metrics:
+        return None
+    n = metrics.get("n_seeds")
+    return {"successes": int(metrics.get("successes", 0)), "n": int(n) if n is not None else None,
+            "rate": finite(metrics.get("success_rate")), "ci_low": finite(metrics.get("success_ci_low")),
+            "ci_high": finite(metrics.get("success_ci_high"))}
+
+
+def summary_fields(data: ReportData) -> dict[str, Any]:
+    """The summary as fields: counts, the best trial, its parameters, its search and
+    validation successes with their 95% intervals, and the verdict (``None`` where unknown)."""
+    view = data.view
+    ranked = data.ranked()
+    best = ranked[0] if ranked else None
+    val = data.validations.get(best.run_id) if best else None
+    judged = judge(best, val.metrics if val else None) if best else None
+    return {
+        "sweep": view.name, "outcome": view.outcome or view.status.lower(), "trials": view.counts(),
+        "best": None if best is None else {
+            "trial": best.name, "run_id": best.run_id, "run_name": best.run_name, "outcome": best.outcome,
+            "objective": finite(best.objective), "params": setting_params(best, data.searched or None),
+        },
+        "search": _interval(best.metrics) if best else None,
+        "validation": None if val is None else {**(_interval(val.metrics) or {}), "run_id": val.run_id,
+                                                "seed_ids": val.seed_ids},
+        "verdict": None if judged is None else {"key": judged.key, "words": judged.words,
+                                                "ci_low": judged.ci_low, "validated": judged.validated},
+    }
 
 
 # -- outputs ------------------------------------------------------------------------------------------------
@@ -304,13 +334,20 @@ def build_report(tracking_uri: str, name: str, out_dir: Path, dashboard_file: Pa
                 continue
     page = out_dir / "report.html"
     page.write_text(render_html(data, dashboard, panels, png_names), encoding="utf-8")
-    (out_dir / "summary.json").write_text(json.dumps({"sweep": name, "summary": summary_lines(data)}, indent=1))
+    lines = summary_lines(data)
+    (out_dir / "summary.json").write_text(json.dumps({**summary_fields(data), "summary": lines}, indent=1))
     logged = None
     if log_to_mlflow:
         from service.tracking import store
+        from service.tracking.best import record_best
 
         client = store.client(tracking_uri)
         for f in [page, out_dir / "summary.json", *png_files]:
             store.retry(lambda f=f: client.log_artifact(data.view.run_id, str(f), ARTIFACT_DIR))
         logged = f"runs:/{data.view.run_id}/{ARTIFACT_DIR}"
+        ranked = data.ranked()
+        val = data.validations.get(ranked[0].run_id) if ranked else None
+        record_best(client, data.view.run_id, name, data.view.trials, val.metrics if val else None,
+                    extra=[f"The report: artifact `{ARTIFACT_DIR}/report.html` of this run.", *lines[1:]],
+                    report=f"{ARTIFACT_DIR}/report.html")
     return ReportFiles(page, png_files, logged, data)

@@ -38,6 +38,7 @@ from service.sweep.searcher import check_study, make_sampler, optuna_storage
 from service.sweep.trainable import TrialSettings, make_trainable
 from service.sweep.trial import task_params
 from service.tracking import runs, store
+from service.tracking.links import describe_experiment
 from service.tracking.store import Outcome
 
 DEFAULT_STORAGE_DIR = "runs"
@@ -55,6 +56,7 @@ class SweepOptions:
     resume: bool = False
     verbose: bool = False
     optuna_storage: str | None = None  # an RDB URL: keep the Optuna study there (name = the sweep's)
+    keep_ray: bool = False  # leave a Ray this sweep started running (the caller validates next)
 
 
 @dataclass
@@ -67,6 +69,7 @@ class SweepSummary:
     outcome: str
     trials: dict[str, int]
     best_objective: float | None
+    ray_left_running: bool = False  # a local Ray this sweep started and kept (`SweepOptions.keep_ray`)
 
 
 def default_storage_path() -> str:
@@ -172,9 +175,11 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
     started_ray = init_ray(options.address, options.verbose, say=lambda line: console.print(line, highlight=False))
     try:
         check_resources(space)
-        return _run(space, options, console, client, parent, exp_path)
+        summary = _run(space, options, console, client, parent, exp_path)
+        summary.ray_left_running = started_ray and options.keep_ray
+        return summary
     finally:
-        if started_ray:
+        if started_ray and not options.keep_ray:
             import ray
 
             ray.shutdown()
@@ -185,6 +190,7 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
     from ray import tune
 
     experiment_id = store.ensure_experiment(client, options.name, options.tracking_uri)
+    describe_experiment(client, experiment_id, options.name)
     if options.resume:
         parent_run_id = parent.info.run_id
         closed = runs.close_stale_trial_runs(client, experiment_id, parent_run_id)

@@ -11,6 +11,7 @@ from service.errors import UserError
 from service.formatting import redact
 from service.sweep.trial import STEP, is_metric_key
 from service.tracking import runs, store
+from service.tracking.best import record_best
 from service.tracking.queries import tally, trial_rows
 from service.tracking.store import Outcome
 
@@ -82,7 +83,9 @@ def record_end(client: Any, options: SweepOptions, experiment_id: str, parent_ru
 
     def record() -> tuple[dict[str, int], float | None, str]:
         settle_trial_runs(client, experiment_id, parent_run_id, trials, complete=outcome == Outcome.COMPLETED)
-        counts, best = tally(trial_rows(client, experiment_id, parent_run_id))
+        rows = trial_rows(client, experiment_id, parent_run_id)
+        counts, best = tally(rows)
+        record_best(client, parent_run_id, options.name, rows)
         finished = counts["completed"] + counts["pruned"] + counts["failed"]
         final = Outcome.INTERRUPTED if outcome == Outcome.COMPLETED and finished < planned else outcome
         runs.finish_sweep_run(client, parent_run_id, final, {

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from service.formatting import settings_label
 from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
 from service.sweep.cluster import node_ip
@@ -58,7 +59,6 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
 
     context = tune.get_context()
     trial_id = context.get_trial_id()  # read first: stopping may interrupt anything later
-    trial_name = context.get_trial_name() or trial_id
     torch.set_num_threads(settings.threads)
     space = SearchSpace.model_validate(settings.space)  # checked in full by the driver
     params = active_params(space, {k: v for k, v in config.items() if k in space.params})
@@ -71,7 +71,7 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     logged = {**params, **settings.task_params, **(regularizer_params(configs) if configs else {})}
     tracker = runs.TrialRun.open(
         settings.tracking_uri, settings.experiment_id, settings.parent_run_id,
-        trial_key=trial_id, run_name=trial_name, params=logged,
+        trial_key=trial_id, run_name=settings_label(params, list(space.params)), params=logged,
         tags={store.TAG_SWEEP: settings.sweep, store.TAG_NODE: node_ip()},
     )
     progress = TrialProgress()

@@ -190,15 +190,15 @@ def _log_validation(client: Any, view: Any, trial: Any, results: dict[str, Any],
                     seed_ids: list[int], extra_ranges: dict[str, str], batch: str) -> str:
     from mlflow.entities import Metric
 
-
     tags = {
         store.TAG_PARENT: view.run_id, store.TAG_ROLE: ROLE_VALIDATION, store.TAG_SWEEP: view.name,
         TAG_SOURCE_RUN: trial.run_id, TAG_SEED_IDS: f"{seed_ids[0]}-{seed_ids[-1]}", TAG_BATCH: batch,
         store.TAG_OUTCOME: Outcome.COMPLETED,
-        "mlflow.note.content": f"validation of {trial.name} on fresh seeds {seed_ids[0]}..{seed_ids[-1]}",
+        "mlflow.note.content": (f"validation of {trial.name} ({trial.run_name or trial.name}) on fresh seeds "
+                                f"{seed_ids[0]}..{seed_ids[-1]}: a re-run of that trial's setting, not a trial"),
     }
     run = store.retry(lambda: client.create_run(view.experiment_id, tags=tags,
-                                                run_name=f"validate-{trial.name}"))
+                                                run_name=f"validate: {trial.run_name or trial.name}"))
     run_id = run.info.run_id
     params = {**trial.params, "validation.seeds": len(seed_ids), "validation.seed_offset": seed_ids[0],
               "validation.extra_ranges": json.dumps(extra_ranges) if extra_ranges else "(none)"}

@@ -108,25 +108,44 @@ def plot_curves(result: RunResult, path: Path, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from matplotlib.collections import LineCollection
+
     h = result.history
     panels = [("interpolation", h.interpolation_mse, None)] + [
         (n, v, result.thresholds.get(n)) for n, v in h.extrapolation_mse.items()]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
+    # one collection per group instead of a line per seed, and a fixed layout instead of
+    # tight_layout: this plot is drawn at the end of every trial (issue 14, sweep overhead)
+    fig.subplots_adjust(left=0.08 / len(panels) + 0.02, right=0.98, bottom=0.14, top=0.82, wspace=0.3)
+    steps = np.asarray(h.steps, dtype=np.float64)
+    success = np.array([seed.success for seed in result.seeds], dtype=bool)
+    colours = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
     for ax, (name, values, threshold) in zip(axes[0], panels):
         vals = np.where(np.isfinite(values) & (values > 0), values, np.nan)
-        for k, seed in enumerate(result.seeds):
-            ax.plot(h.steps, vals[:, k], lw=1, alpha=0.8 if seed.success else 0.5,
-                    color=None if seed.success else "0.6")
+        lines = [np.column_stack([steps, vals[:, k]]) for k in range(vals.shape[1])]
+        failed = [line for line, ok in zip(lines, success) if not ok]
+        solved = [line for line, ok in zip(lines, success) if ok]
+        if failed:
+            ax.add_collection(LineCollection(failed, colors="0.6", linewidths=1, alpha=0.5))
+        if solved:
+            ax.add_collection(LineCollection(solved, colors=[colours[i % len(colours)] for i in range(len(solved))],
+                                             linewidths=1, alpha=0.8))
+        finite_vals = vals[np.isfinite(vals)]
+        if steps.size and finite_vals.size:
+            ax.set_xlim(steps.min(), max(steps.max(), steps.min() + 1))
+            low, high = finite_vals.min(), finite_vals.max()
+            if threshold and threshold > 0:  # the threshold line stays in view
+                low, high = min(low, threshold), max(high, threshold)
+            ax.set_ylim(low / 1.5, high * 1.5)
         if threshold:
             ax.axhline(threshold, color="k", ls="--", lw=1, label="success threshold")
             ax.legend(loc="best", fontsize=8)
-        if np.isfinite(vals).any():
+        if finite_vals.size:
             ax.set_yscale("log")
         ax.set_title(f"{name} MSE")
         ax.set_xlabel("step")
     if title:
         fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -26,6 +26,7 @@ class TrialRow:
     params: dict[str, str]
     metrics: dict[str, float]
     start_time: int | None = None
+    run_name: str = ""  # the MLflow run name: the trial's settings (`formatting.settings_label`)
 
     @property
     def objective(self) -> float | None:
@@ -59,9 +60,14 @@ class SweepView:
 
     def ranked(self, include_pruned: bool = False) -> list[TrialRow]:
         """Finished trials by objective, best first (pruned ones only if asked)."""
-        keep = (Outcome.COMPLETED, Outcome.PRUNED) if include_pruned else (Outcome.COMPLETED,)
-        rows = [t for t in self.trials if t.outcome in keep and t.objective is not None]
-        return sorted(rows, key=lambda t: (t.objective, t.outcome == Outcome.COMPLETED), reverse=True)
+        return ranked(self.trials, include_pruned)
+
+
+def ranked(trials: Iterable[TrialRow], include_pruned: bool = False) -> list[TrialRow]:
+    """Finished trials by objective, best first (pruned ones only if asked)."""
+    keep = (Outcome.COMPLETED, Outcome.PRUNED) if include_pruned else (Outcome.COMPLETED,)
+    rows = [t for t in trials if t.outcome in keep and t.objective is not None]
+    return sorted(rows, key=lambda t: (t.objective, t.outcome == Outcome.COMPLETED), reverse=True)
 
 
 def tally(trials: Iterable[TrialRow]) -> tuple[dict[str, int], float | None]:
@@ -83,10 +89,14 @@ def trial_rows(client: Any, experiment_id: str, parent_run_id: str) -> list[Tria
 
 
 def _trial_row(run: Any) -> TrialRow:
+    """A trial's row; its ``name`` is Tune's trial name (``trial-<id>``, from the trial key),
+    its ``run_name`` the MLflow run's (the settings)."""
+    run_name = run.info.run_name or run.info.run_id
+    key = run.data.tags.get(store.TAG_TRIAL_KEY)
     return TrialRow(
-        run_id=run.info.run_id, name=run.info.run_name or run.info.run_id, status=run.info.status,
+        run_id=run.info.run_id, name=f"trial-{key}" if key else run_name, status=run.info.status,
         outcome=run.data.tags.get(store.TAG_OUTCOME, ""), params=dict(run.data.params),
-        metrics=dict(run.data.metrics), start_time=run.info.start_time,
+        metrics=dict(run.data.metrics), start_time=run.info.start_time, run_name=run_name,
     )
 
 

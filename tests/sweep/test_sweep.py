@@ -34,6 +34,10 @@ def test_smoke_sweep_records_one_parent_and_one_child_per_trial(ray_address):
     result = runner.invoke(app, ["sweep", SMOKE, "--trials", "4", "--seeds", "4", "--name", "smoke-e2e"])
     assert result.exit_code == 0, result.output
     assert "sweep smoke-e2e completed" in result.output
+    text = " ".join(result.output.split())  # rich wraps long lines
+    for needle in ("best setting: ", "nalu-sweep validate smoke-e2e --top 3", "nalu-sweep report smoke-e2e",
+                   "/runs?workflowType=machine_learning"):
+        assert needle in text, needle  # the sweep ends with its answer so far and the next command
 
     client, parent, children = _children("smoke-e2e")
     assert parent.info.status == "FINISHED"
@@ -71,7 +75,8 @@ def test_smoke_sweep_records_one_parent_and_one_child_per_trial(ray_address):
 
     best = runner.invoke(app, ["best", "smoke-e2e", "--top", "3"])
     assert best.exit_code == 0, best.output
-    for text in ("lr", "optimizer", "success [95% CI]", "solved_at median", "sparsity error", completed[0].info.run_name):
+    trial_name = "trial-" + completed[0].data.tags["nalu_sweep.trial_key"]
+    for text in ("lr", "optimizer", "success [95% CI]", "solved_at median", "sparsity error", trial_name):
         assert text in best.output, text
 
     status = runner.invoke(app, ["status"])

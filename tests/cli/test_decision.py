@@ -1,0 +1,232 @@
+"""From launch to decision (issue 14): `sweep --validate K` ends with a verdict, the winner
+exports as a run config that `run` trains as is, the parent run carries the answer, and
+every printed MLflow link opens the runs table (checked in a real headless browser)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from service.cli import app
+from service.formatting import settings_label
+from service.scoring.verdict import verdict
+from service.tracking import runs, store
+from service.tracking.links import CLASSIC_KIND, TAG_EXPERIMENT_KIND, runs_table_url, ui_base
+
+REPO = Path(__file__).resolve().parents[2]
+SMOKE = str(REPO / "search_spaces" / "smoke.yaml")
+runner = CliRunner()
+
+
+# -- quick ---------------------------------------------------------------------------------------------
+def test_verdict_thresholds():
+    assert verdict(0.8, True).key == "robust" and verdict(0.79, True).key == "promising"
+    assert verdict(0.5, False).key == "promising" and verdict(0.49, False).key == "not_robust"
+    assert verdict(None, True) is None
+    assert "not yet validated" in verdict(0.9, False).sentence()
+
+
+def test_links_open_the_runs_table():
+    url = runs_table_url("http://127.0.0.1:5000", "7")
+    assert url.startswith("http://127.0.0.1:5000/#/experiments/7/runs?workflowType=machine_learning")
+    assert "orderByKey=metrics.%60success_ci_low%60" in url and "orderByAsc=false" in url
+    assert ui_base("https://admin:secret@mlflow.example.org/") == ("https://mlflow.example.org", True)
+    assert ui_base("sqlite:////tmp/x/mlflow.db") == ("http://127.0.0.1:5000", False)
+
+
+def test_settings_label_depends_on_the_settings_only():
+    assert settings_label({"lr": "0.0123456", "gate": "bias"}, ["lr", "gate"]) == "lr=0.0123 gate=bias"
+    assert settings_label({}, []) == "(fixed settings)"
+    assert len(settings_label({"x": "a" * 400})) == 250
+
+
+# -- a real tiny sweep through the CLI, shared by the slow tests ----------------------------------------
+@pytest.fixture(scope="module")
+def decided(ray_address, tmp_path_factory):
+    root = tmp_path_factory.mktemp("decision")
+    uri = store.default_tracking_uri(root)
+    here = os.getcwd()
+    os.chdir(root)  # the report goes to ./reports/NAME
+    try:
+        result = runner.invoke(app, ["sweep", SMOKE, "--name", "dec", "--trials", "2", "--seeds", "2",
+                                     "--steps", "500", "--eval-every", "250", "--tracking-uri", uri,
+                                     "--storage-path", str(root / "runs"), "--validate", "1",
+                                     "--validate-seeds", "3"])
+    finally:
+        os.chdir(here)
+    assert result.exit_code == 0, result.output
+    return root, uri, result.output
+
+
+@pytest.mark.slow
+def test_sweep_validate_ends_with_the_verdict_and_links(decided):
+    root, uri, output = decided
+    text = " ".join(output.split())  # rich wraps long lines
+    assert re.search(r"Verdict: (robust|promising but not proven|not robust)", text), output
+    for needle in ("search: ", "validation: ", "on fresh seeds", "report: ", "MLflow runs table: ",
+                   "nalu-sweep best dec --format yaml"):
+        assert needle in text, needle
+    assert "#/experiments/" in text and "/runs?workflowType=machine_learning" in text
+    summary = json.loads((root / "reports" / "dec" / "summary.json").read_text())
+    assert summary["best"]["trial"].startswith("trial-") and summary["best"]["params"]
+    assert summary["search"]["n"] == 2 and summary["validation"]["n"] == 3
+    assert summary["verdict"]["validated"] is True
+    assert summary["verdict"]["key"] in ("robust", "promising", "not_robust")
+    assert summary["summary"]  # the sentences are still there
+
+
+@pytest.mark.slow
+def test_mlflow_records_names_tags_and_the_answer(decided):
+    _, uri, _ = decided
+    client = store.client(uri)
+    exp = client.get_experiment_by_name("dec")
+    assert exp.tags[TAG_EXPERIMENT_KIND] == CLASSIC_KIND
+    assert "success_ci_low" in exp.tags["mlflow.note.content"]
+    parent = runs.find_sweep_run(client, exp.experiment_id, "dec")
+    tags = parent.data.tags
+    assert tags["nalu_sweep.verdict"] in ("robust", "promising", "not_robust")
+    assert tags["nalu_sweep.report"] == "report/report.html"
+    shown = runner.invoke(app, ["best", "dec", "--tracking-uri", uri])
+    assert shown.exit_code == 0 and "report in MLflow: " in shown.output and "MLflow runs table: " in shown.output
+    assert "Verdict:" in tags["mlflow.note.content"] and "report/report.html" in tags["mlflow.note.content"]
+    best_run = client.get_run(tags["nalu_sweep.best.run_id"])
+    for name in ("lr", "optimizer", "lambda_max", "nau_init"):
+        assert tags[f"nalu_sweep.best.{name}"] == best_run.data.params[name]
+    trials = runs.trial_runs(client, exp.experiment_id, parent.info.run_id)
+    for t in trials:  # named by their settings, not by a rank or an id
+        assert t.info.run_name.startswith("lr=") and "optimizer=" in t.info.run_name, t.info.run_name
+    vals = [r for r in runs.all_runs(client, [exp.experiment_id], "tags.`nalu_sweep.role` = 'validation'")]
+    assert len(vals) == 1 and vals[0].info.run_name == f"validate: {best_run.info.run_name}"
+
+
+def _digest(config) -> str:
+    data = config.model_dump(mode="json", serialize_as_any=True)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+@pytest.mark.slow
+def test_best_exports_a_run_config_that_run_accepts(decided, tmp_path):
+    from service.config import RunConfig
+    from service.sweep.validation import trial_configs
+    from service.tracking.queries import load_sweep, sweep_space
+    from service.yamlio import load_mapping
+
+    _, uri, _ = decided
+    out = runner.invoke(app, ["best", "dec", "--format", "yaml", "--tracking-uri", uri])
+    assert out.exit_code == 0, out.output
+    path = tmp_path / "best.yaml"
+    path.write_text(out.stdout)
+    client = store.client(uri)
+    view = load_sweep(client, "dec")
+    best = view.ranked()[0]
+    expected = trial_configs(sweep_space(client, view.run_id), best.params)["small_mul"]
+    assert _digest(RunConfig.model_validate(load_mapping(path))) == _digest(expected)
+    as_json = runner.invoke(app, ["best", "dec", "--format", "json", "--trial", view.trials[-1].name,
+                                  "--tracking-uri", uri])
+    other = trial_configs(sweep_space(client, view.run_id), view.trials[-1].params)["small_mul"]
+    assert _digest(RunConfig.model_validate(json.loads(as_json.stdout))) == _digest(other)
+    trained = runner.invoke(app, ["run", str(path), "--quiet", "--output", str(tmp_path / "r.json")])
+    assert trained.exit_code == 0, trained.output
+    assert "small_mul" in trained.output  # the sweep's task, not `run`'s default
+    bad = runner.invoke(app, ["best", "dec", "--format", "xml", "--tracking-uri", uri])
+    assert bad.exit_code == 2 and "--format" in bad.output
+
+
+# -- the printed link in a real browser -----------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _load_browser():
+    spec = importlib.util.spec_from_file_location("report_browser", REPO / "tests" / "report" / "browser.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_the_printed_link_opens_the_runs_table_in_a_browser(decided, tmp_path):
+    browser = _load_browser()
+    binary = browser.chromium()
+    if binary is None:
+        pytest.skip("chromium is not installed (.ci/run installs it)")
+    _, uri, _ = decided
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    ui = subprocess.Popen([sys.executable, "-m", "service", "ui", "--tracking-uri", uri, "--port", str(port)],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          start_new_session=True)
+    try:
+        lines = []
+        while not any("/runs?workflowType" in line for line in lines):
+            line = ui.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        url = re.search(r"(http://\S+/runs\?workflowType=\S+)", "".join(lines)).group(1)
+        deadline = time.time() + 180
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+                break
+            except OSError:
+                assert time.time() < deadline, "mlflow ui did not start"
+                time.sleep(1)
+        page = browser.Page(binary, tmp_path / "profile")
+        try:
+            page.load(url)
+            text = ""
+            for _ in range(90):
+                time.sleep(1)
+                text = page.evaluate("document.body.innerText") or ""
+                if "validate: lr=" in text and "success_ci_low" in text:
+                    break
+            headings = page.evaluate("Array.from(document.querySelectorAll('h1,h2,h3')).map(e => e.innerText)")
+            page.screenshot(tmp_path / "runs-table.png")
+        finally:
+            page.close()
+        assert "validate: lr=" in text, text[:2000]  # the rows: trials and the validation run
+        assert "success_ci_low" in text, text[:2000]  # a metric column
+        assert "Model training" in text  # the classic mode, not GenAI
+        assert "Runs" in headings and not {"Traces", "Evaluations", "Overview"} & set(headings), headings
+    finally:
+        os.killpg(ui.pid, 15)
+        ui.wait(30)
+
+
+def test_a_sweep_of_several_tasks_exports_one_task_at_a_time(monkeypatch):
+    from types import SimpleNamespace
+
+    import service.tracking.queries as queries
+    from service.cli import decision
+    from service.errors import UserError
+    from service.search.loading import load_space
+
+    space = load_space(REPO / "search_spaces" / "nalu_gates.yaml")
+    assert len(space.task_configs()) > 1
+    monkeypatch.setattr(queries, "sweep_space", lambda client, run_id: space)
+    monkeypatch.setattr(store, "client", lambda uri: None)
+    params = {}
+    for name, p in space.params.items():  # any valid value of each parameter, as MLflow logs it
+        labels = getattr(p, "labels", None)
+        params[name] = str(labels[0]) if labels else str(getattr(p, "low"))
+    view = SimpleNamespace(name="gates", run_id="r")
+    row = SimpleNamespace(params=params, name="trial-x", run_name="x")
+    with pytest.raises(UserError, match="--task"):
+        decision.trial_config_data("sqlite:///x", view, row, None)
+    first = next(iter(space.task_configs()))
+    task, data = decision.trial_config_data("sqlite:///x", view, row, first)
+    assert task == first and data["task"]["kind"]
