@@ -97,6 +97,10 @@ class TrainConfig(Frozen):
     regularizer: RegularizerSchedule | None = Field(
         None, description="None: the reference default for the model (NMU: 10, 1e6→2e6; else 0.01, 5e3→5e4)"
     )
+    regularizer_z: RegularizerSchedule | None = Field(
+        None, description="R_z on a recurrent NAU/NMU cell's inputs (NAU paper); None: λ_z = 1 "
+        "on the sparsity schedule's warm-up (service.training.recurrent)"
+    )
     shared_batch: bool = Field(
         False, description="draw ONE input batch per step for all seeds (faster, but seeds "
         "are then no longer independent, so success-rate intervals are too narrow)"
