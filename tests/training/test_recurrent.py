@@ -159,3 +159,15 @@ def test_a_seed_alone_and_among_others_follows_the_same_trajectory(task, layers)
             torch.testing.assert_close(together.sequence_mse(data)[1:2], alone.sequence_mse(data), rtol=1e-6, atol=0)
         else:
             assert torch.equal(together.sequence_mse(data)[1:2], alone.sequence_mse(data)), name
+
+
+def test_a_recurrent_run_resumes_from_a_checkpoint_bit_for_bit():
+    config = _config(SUM, steps=12, eval_every=3, optimizer={"lr": 0.05})
+    checkpoints = []
+    whole = Trainer(config).run(lambda rep: checkpoints.append(rep.checkpoint) if rep.checkpoint else None,
+                                checkpoint_every=2)
+    assert checkpoints and checkpoints[0].step == 6
+    resumed = Trainer(config).run(resume_from=checkpoints[0])
+    assert resumed.params_sha256 == whole.params_sha256
+    np.testing.assert_array_equal(resumed.history.extrapolation_mse["length_1000"],
+                                  whole.history.extrapolation_mse["length_1000"])
