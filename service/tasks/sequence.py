@@ -18,6 +18,8 @@ one-sided 99% upper bound on that mean (normal approximation: ``mean + 2.326·sd
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -27,7 +29,7 @@ import torch
 from pydantic import Field, field_validator, model_validator
 from torch import Tensor
 
-from service.tasks.base import Task
+from service.tasks.base import Task, cache_dir, read_cache, write_cache
 
 SequenceOperation = Literal["sum", "prod"]
 REFERENCE_CONFIDENCE = 0.99
@@ -181,17 +183,27 @@ def _sets_cached(cls: type[SequenceTask], key: str) -> dict[str, SequenceSet]:
     return cls.model_validate(_fields(key)).draw_sets()
 
 
+_CACHE_VERSION = 1  # bump when a reference changes: old disk entries are then ignored
+
+
 @functools.lru_cache(maxsize=64)
 def _thresholds_cached(cls: type[SequenceTask], key: str) -> dict[str, float]:
+    """Computed once per configuration; kept in memory and in a small JSON file under
+    `cache_dir` (fitting the digit read-out takes seconds, and every trial needs it)."""
+    path = cache_dir() / "sequence_thresholds" / (
+        hashlib.sha256(f"v{_CACHE_VERSION}|{key}".encode()).hexdigest()[:32] + ".json")
+    cached = read_cache(path)
+    if cached:
+        return cached
     task = cls.model_validate(_fields(key))
     test = task.sequence_sets()["test"]
     bounds = upper_bound(task.reference_errors("test", test))
-    return {name: float(b) for name, b in zip(test.lengths, bounds.tolist())}
+    thresholds = {name: float(b) for name, b in zip(test.lengths, bounds.tolist())}
+    write_cache(path, key, thresholds)
+    return thresholds
 
 
 def _fields(key: str) -> dict[str, Any]:
-    import json
-
     data = json.loads(key)
     data.pop("kind", None)
     return data
