@@ -26,6 +26,7 @@ def test_run_sequential_digits_prints_a_per_length_table(tmp_path, operation):
     assert set(data["thresholds"]) == {"length_1", "length_2", "length_12"}
     assert "prod" in result.output if operation == "prod" else "sum" in result.output
     assert set(data["seeds"][0]["success_per_range"]) == {"length_1", "length_2", "length_12"}
+    assert data["sequence"]["test_lengths"] == [1, 2, 12] and len(data["sequence"]["longest_length_solved"]) == 2
 
 
 def test_run_rejects_an_extrapolation_range_for_a_sequence_task(tmp_path):

@@ -171,3 +171,19 @@ def test_a_recurrent_run_resumes_from_a_checkpoint_bit_for_bit():
     assert resumed.params_sha256 == whole.params_sha256
     np.testing.assert_array_equal(resumed.history.extrapolation_mse["length_1000"],
                                   whole.history.extrapolation_mse["length_1000"])
+
+
+def test_longest_length_solved_counts_from_the_shortest_length():
+    from service.scoring.metrics import SeedMetrics
+    from service.scoring.sequence import longest_solved
+
+    def seed(*ok):
+        names = ["length_1", "length_10", "length_100", "length_1000"]
+        return SeedMetrics(seed=0, success=all(ok), success_per_range=dict(zip(names, ok)), best_step=0,
+                           interpolation_mse=0.0, extrapolation_mse={}, solved_at=None, solved_at_per_range={},
+                           sparsity_error=0.0, diverged=False)
+
+    lengths = (1, 10, 100, 1000)
+    assert longest_solved(seed(True, True, False, True), lengths) == 10
+    assert longest_solved(seed(False, True, True, True), lengths) == 0
+    assert longest_solved(seed(True, True, True, True), lengths) == 1000
