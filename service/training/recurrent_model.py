@@ -65,7 +65,10 @@ class RecurrentModel(BatchedModel):
         return z_regularizer(self.cell, input_mean)
 
     def sparsity_error(self) -> Tensor:
-        """The cell's: the read-out (an MLP for images) has no arithmetic weights."""
+        """The cell's (the read-out, an MLP for images, has no arithmetic weights); NaN for a
+        cell without arithmetic weights (``lstm``), which the aggregate then leaves out."""
+        if not self.cell.weight_matrices():
+            return torch.full((self.num_seeds,), float("nan"), device=next(self.parameters()).device)
         return self.cell.sparsity_error()
 
     def _zeros_like_seeds(self) -> Tensor:

@@ -70,6 +70,7 @@ def test_an_lstm_learns_the_training_length_but_does_not_extrapolate():
     result = trainer.run()
     mse = result.history.interpolation_mse
     assert (mse[-1] < 0.5 * mse[0]).all()  # it learns something at length 10 ...
+    assert result.aggregate.sparsity_error_mean is None  # an LSTM has no arithmetic weights
     for seed in result.seeds:  # ... and is nowhere near the sum at length 1000
         assert not seed.success_per_range["length_1000"]
         assert seed.extrapolation_mse["length_1000"] > 1e6 * result.thresholds["length_1000"]
