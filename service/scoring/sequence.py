@@ -58,3 +58,19 @@ def longest_solved_summary(task: SequenceTask, seeds: Sequence[SeedMetrics]) -> 
     """Every seed's longest solved length and their median."""
     values = [longest_solved(s, task.test_lengths) for s in seeds]
     return values, (float(np.median(values)) if values else None)
+
+
+LONGEST_SOLVED = "longest_length_solved_median"
+"""The metric key (MLflow, Tune) of the median over seeds of the longest length solved."""
+
+
+def sequence_metrics(per_task: dict[str, tuple[object, Sequence[SeedMetrics]]]) -> dict[str, float]:
+    """``{longest_length_solved_median: …}`` for a trial's recurrent tasks (``{task name:
+    (task, seeds)}``; other tasks are skipped); prefixed ``<task>.`` when there are several."""
+    out: dict[str, float] = {}
+    for name, (task, seeds) in per_task.items():
+        if isinstance(task, SequenceTask) and seeds:
+            _, median = longest_solved_summary(task, seeds)
+            key = LONGEST_SOLVED if len(per_task) == 1 else f"{name}.{LONGEST_SOLVED}"
+            out[key] = float(median)
+    return out

@@ -46,5 +46,6 @@ def test_the_recurrent_space_runs_as_a_sweep(name):
         value = progress.final_metrics["objective"]
         assert math.isfinite(value) and 0 <= value <= 1.1
         assert "success_rate_per_range.length_30" in progress.final_metrics
+        assert 0 <= progress.final_metrics["longest_length_solved_median"] <= 30
         study.tell(trial, value)
     assert "lstm" in cells and len(cells) >= 2
