@@ -130,8 +130,9 @@ def _pair(task, layers, steps=12):
     return together, alone
 
 
-def test_a_seed_alone_and_among_others_trains_bit_identically_with_native_units():
-    together, alone = (t.run() for t in _pair(SUM, None))
+@pytest.mark.parametrize("task", [SUM, PROD], ids=["nau-sum", "nmu-prod"])
+def test_a_seed_alone_and_among_others_trains_bit_identically_with_native_units(task):
+    together, alone = (t.run() for t in _pair(task, None))
     assert alone.seeds[0].seed == together.seeds[1].seed == 1
     np.testing.assert_array_equal(alone.history.interpolation_mse[:, 0], together.history.interpolation_mse[:, 1])
     for name, values in alone.history.extrapolation_mse.items():
