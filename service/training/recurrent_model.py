@@ -65,11 +65,12 @@ class RecurrentModel(BatchedModel):
         return z_regularizer(self.cell, input_mean)
 
     def sparsity_error(self) -> Tensor:
-        """The cell's (the read-out, an MLP for images, has no arithmetic weights); NaN for a
-        cell without arithmetic weights (``lstm``), which the aggregate then leaves out."""
-        if not self.cell.weight_matrices():
+        """Over the layers with arithmetic weights: not an MLP read-out (images) nor an
+        ``lstm`` cell; NaN when none has any (the aggregate then leaves it out)."""
+        units = [u for u in self.units if u.name != "mlp" and u.weight_matrices()]
+        if not units:
             return torch.full((self.num_seeds,), float("nan"), device=next(self.parameters()).device)
-        return self.cell.sparsity_error()
+        return torch.stack([u.sparsity_error() for u in units]).amax(0)
 
     def _zeros_like_seeds(self) -> Tensor:
         p = next(self.parameters())

@@ -70,7 +70,6 @@ def test_an_lstm_learns_the_training_length_but_does_not_extrapolate():
     result = trainer.run()
     mse = result.history.interpolation_mse
     assert (mse[-1] < 0.5 * mse[0]).all()  # it learns something at length 10 ...
-    assert result.aggregate.sparsity_error_mean is None  # an LSTM has no arithmetic weights
     for seed in result.seeds:  # ... and is nowhere near the sum at length 1000
         assert not seed.success_per_range["length_1000"]
         assert seed.extrapolation_mse["length_1000"] > 1e6 * result.thresholds["length_1000"]
@@ -189,3 +188,17 @@ def test_longest_length_solved_counts_from_the_shortest_length():
     assert longest_solved(seed(True, True, False, True), lengths) == 10
     assert longest_solved(seed(False, True, True, True), lengths) == 0
     assert longest_solved(seed(True, True, True, True), lengths) == 1000
+
+
+def test_sparsity_error_covers_an_nau_read_out_but_not_an_mlp_one():
+    trainer = Trainer(_config(SUM))
+    _load_exact(trainer, [[1.0, 1.0]], "add")
+    assert torch.equal(trainer.model.sparsity_error(), torch.zeros(2))
+    with torch.no_grad():
+        trainer.model.units[0].weight[:, 0, 2] = 0.25  # an unused input leaks in
+    assert torch.equal(trainer.model.sparsity_error(), torch.full((2,), 0.25))
+    digits = Trainer(_config(DIGITS))
+    digits.model.units[1].load_exact_(torch.tensor([[1.0, 1.0]]), "add")
+    assert torch.equal(digits.model.sparsity_error(), torch.zeros(2))  # the MLP's weights do not count
+    lstm = Trainer(_config(DIGITS, [{"unit": "mlp"}, {"unit": "lstm"}]))
+    assert lstm.model.sparsity_error().isnan().all()  # no arithmetic weights anywhere: undefined
