@@ -202,3 +202,16 @@ def test_sparsity_error_covers_an_nau_read_out_but_not_an_mlp_one():
     assert torch.equal(digits.model.sparsity_error(), torch.zeros(2))  # the MLP's weights do not count
     lstm = Trainer(_config(DIGITS, [{"unit": "mlp"}, {"unit": "lstm"}]))
     assert lstm.model.sparsity_error().isnan().all()  # no arithmetic weights anywhere: undefined
+
+
+@pytest.mark.slow
+def test_a_recurrent_nau_learns_the_running_sum_and_extrapolates_to_length_1000():
+    config = RunConfig.model_validate({
+        "task": {"kind": "sequence_arithmetic", "operation": "sum"}, "seeds": 8, "device": "cpu",
+        "train": {"steps": 3000, "eval_every": 500, "batch_size": 64,
+                  "optimizer": {"name": "adam", "lr": 0.01, "lr_schedule": "cosine", "lr_min": 1e-6},
+                  "regularizer": {"shape": "linear", "lambda_max": 1.0, "t_start": 500, "t_end": 1500}},
+    })
+    result = Trainer(config).run()
+    assert result.aggregate.successes >= 5  # 7 of 8 when measured
+    assert result.aggregate.success_rate_per_range["length_1000"] == result.aggregate.success_rate
