@@ -113,6 +113,10 @@ class TrainConfig(Frozen):
         None, description="None: the reference schedule for the model scaled to `steps` (NMU: λ_max 10 "
         "from 20% to 40% of the run; else 0.01 from 0.1% to 1%; the reference's 1e6→2e6 and 5e3→5e4 of 5e6 steps)"
     )
+    regularizer_z: RegularizerSchedule | None = Field(
+        None, description="R_z on a recurrent NAU/NMU cell's inputs (NAU paper); None: λ_z = 1 "
+        "on the sparsity schedule's warm-up (service.training.recurrent)"
+    )
     shared_batch: bool = Field(
         False, description="draw ONE input batch per step for all seeds (faster, but seeds "
         "are then no longer independent, so success-rate intervals are too narrow)"

@@ -50,8 +50,8 @@ def _load_yaml(path: Path) -> dict[str, Any]:
 @app.command()
 def run(
     config_file: Optional[Path] = typer.Argument(None, help="YAML run config (task, model, train, seeds); flags override it."),
-    task: Optional[str] = typer.Option(None, help="Task kind: arithmetic, small_mul, single_unit, subset_only, operation_only, identity, many_operands."),
-    operation: Optional[str] = typer.Option(None, help="Operation: add, sub, mul, div, squared, root (tasks that have one)."),
+    task: Optional[str] = typer.Option(None, help="Task kind: arithmetic, small_mul, single_unit, subset_only, operation_only, identity, many_operands, sequence_arithmetic, sequential_digits."),
+    operation: Optional[str] = typer.Option(None, help="Operation: add, sub, mul, div, squared, root (static tasks that have one); sum or prod (recurrent tasks)."),
     units: Optional[str] = typer.Option(None, help="Comma-separated unit per layer, e.g. 'nau,nmu' (default: the task's reference model)."),
     init: Optional[str] = typer.Option(None, help="Initialisation for every layer: default, kaiming_uniform, xavier_uniform, ..., uniform(a,b)."),
     interpolation: Optional[str] = typer.Option(None, help="Training range, e.g. 'U[1,2]'."),
@@ -202,6 +202,24 @@ def print_run_result(result: RunResult, console: Console) -> None:
         table.add_row(f"{name} MSE (median) / threshold",
                       f"{fmt_number(a.extrapolation_mse_median.get(name))} / {thr:.3g}")
     console.print(table)
+    if getattr(cfg.task, "recurrent", False):
+        print_length_table(result, console)
     rate = cfg.train.steps * a.n_seeds / max(result.elapsed_s, 1e-9)
     console.print(f"{result.elapsed_s:.1f} s on {result.device}"
                   f"{' (compiled)' if result.compiled else ''}: {rate:,.0f} seed·steps/s")
+
+
+def print_length_table(result: RunResult, console: Console) -> None:
+    """Recurrent tasks: success and median MSE per test length, and the longest length solved."""
+    from service.scoring.sequence import length_rows, longest_solved_summary
+
+    task = result.config.task
+    table = Table(title=f"per test length (trained on length {task.train_length})")
+    for column in ("length", "success [95% CI]", "MSE (median)", "threshold"):
+        table.add_column(column, justify="right")
+    for row in length_rows(task, result.seeds, result.thresholds):
+        table.add_row(str(row.length), f"{row.successes}/{row.n_seeds} [{row.ci_low:.0%}, {row.ci_high:.0%}]",
+                      fmt_number(row.mse_median), f"{row.threshold:.3g}")
+    console.print(table)
+    values, median = longest_solved_summary(task, result.seeds)
+    console.print(f"longest length solved: median {fmt_number(median, '.0f')} (per seed: {values})")

@@ -26,6 +26,7 @@ from service.formatting import fmt_param
 from service.scoring.combine import combine_tasks
 from service.scoring.metrics import AggregateMetrics, aggregate, per_seed_metrics
 from service.scoring.objective import OBJECTIVE, objective_value
+from service.scoring.sequence import LONGEST_SOLVED, sequence_metrics
 from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
 from service.sweep.trial_state import TrialState
@@ -37,7 +38,7 @@ STEP = "step"
 """Reported with every result: training steps done by the trial (summed over its tasks)."""
 
 
-_METRIC_FIELDS = frozenset(AggregateMetrics.model_fields) | {OBJECTIVE}
+_METRIC_FIELDS = frozenset(AggregateMetrics.model_fields) | {OBJECTIVE, LONGEST_SOLVED}
 
 
 def is_metric_key(key: str) -> bool:
@@ -173,6 +174,7 @@ def run_trial(
         progress.results[task_name] = result
         finals[task_name] = (objective_value(result.aggregate, space.steps, result.thresholds), result.aggregate)
         metrics = combine_tasks(finals)
+        metrics.update(sequence_metrics({n: (r.config.task, r.seeds) for n, r in progress.results.items()}))
         step = offset + space.steps
         if index < n_tasks - 1:
             state = TrialState(index + 1, step, dict(progress.results)) if checkpoint_every else None

@@ -10,6 +10,9 @@ from service.tasks.identity import IdentityTask
 from service.tasks.many_operands import ManyOperandsTask
 from service.tasks.operation_only import OperationOnlyTask
 from service.tasks.ranges import Range
+from service.tasks.sequence import SequenceSet, SequenceTask
+from service.tasks.sequence_arithmetic import SequenceArithmeticTask
+from service.tasks.sequential_digits import SequentialDigitsTask
 from service.tasks.single_unit import SingleUnitTask
 from service.tasks.small_mul import SmallMulTask
 from service.tasks.subset_only import SubsetOnlyTask
@@ -19,6 +22,7 @@ TASKS: dict[str, type[Task]] = {
     for cls in (
         ArithmeticTask, SmallMulTask, SingleUnitTask, SubsetOnlyTask,
         OperationOnlyTask, IdentityTask, ManyOperandsTask,
+        SequenceArithmeticTask, SequentialDigitsTask,
     )
 }
 
@@ -49,5 +53,6 @@ def parse_task(data: Mapping[str, Any] | Task) -> Task:
 __all__ = [
     "EVAL_MASTER_SEED", "THRESHOLD_EPSILON", "TASKS", "Range", "Task", "parse_task", "task_kinds",
     "ArithmeticTask", "SmallMulTask", "SingleUnitTask", "SubsetOnlyTask", "OperationOnlyTask",
-    "IdentityTask", "ManyOperandsTask",
+    "IdentityTask", "ManyOperandsTask", "SequenceTask", "SequenceSet", "SequenceArithmeticTask",
+    "SequentialDigitsTask",
 ]

@@ -194,7 +194,7 @@ def _evaluation_sets_cached(cls: type[Task], key: str) -> dict[str, tuple[torch.
 @functools.lru_cache(maxsize=128)
 def _thresholds_cached(cls: type[Task], key: str) -> dict[str, float]:
     path = _cache_path(key)
-    cached = _read_cache(path)
+    cached = read_cache(path)
     if cached is not None:
         return cached
     task = cls.model_validate(_fields(key))
@@ -205,7 +205,7 @@ def _thresholds_cached(cls: type[Task], key: str) -> dict[str, float]:
         )
         for name, rng in task.extrapolation.items()
     }
-    _write_cache(path, key, thresholds)
+    write_cache(path, key, thresholds)
     return thresholds
 
 
@@ -225,7 +225,7 @@ def _cache_path(key: str) -> Path:
     return cache_dir() / "thresholds" / f"{digest}.json"
 
 
-def _read_cache(path: Path) -> dict[str, float] | None:
+def read_cache(path: Path) -> dict[str, float] | None:
     try:
         data = json.loads(path.read_text())
         values = {str(k): float(v) for k, v in data["thresholds"].items()}
@@ -234,7 +234,7 @@ def _read_cache(path: Path) -> dict[str, float] | None:
     return values if all(math.isfinite(v) for v in values.values()) else None
 
 
-def _write_cache(path: Path, key: str, thresholds: dict[str, float]) -> None:
+def write_cache(path: Path, key: str, thresholds: dict[str, float]) -> None:
     """Best effort: a read-only home or a race between workers only costs a recomputation."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

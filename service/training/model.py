@@ -61,6 +61,10 @@ class BatchedModel(nn.Module):
 def build_model(config: RunConfig, num_seeds: int | None = None) -> BatchedModel:
     """Layers from the config (or the task's reference model), widths chained through
     ``model.hidden_size``; parameters are zero until `reset_parameters`."""
+    if getattr(config.task, "recurrent", False):  # recurrent tasks: read-out + cell
+        from service.training.recurrent_model import build_recurrent_model
+
+        return build_recurrent_model(config, num_seeds)
     layers = config.layers()
     task = config.task
     num_seeds = config.seeds if num_seeds is None else num_seeds

@@ -11,6 +11,7 @@ import numpy as np
 
 from service.config import RunConfig
 from service.scoring.metrics import AggregateMetrics, EvalHistory, SeedMetrics
+from service.scoring.sequence import longest_solved_summary
 
 
 def _finite_or_none(a: np.ndarray) -> list:
@@ -56,11 +57,21 @@ class RunResult:
                 name: [[_finite_or_none(row) for row in w] for w in ws]
                 for name, ws in self.weights.items()
             },
+            **self._sequence_summary(),
             "elapsed_s": self.elapsed_s,
             "device": self.device,
             "compiled": self.compiled,
             "params_sha256": self.params_sha256,
         }
+
+    def _sequence_summary(self) -> dict[str, Any]:
+        """Recurrent tasks: the test lengths and each seed's longest length solved."""
+        task = self.config.task
+        if not getattr(task, "recurrent", False):
+            return {}
+        values, median = longest_solved_summary(task, self.seeds)
+        return {"sequence": {"train_length": task.train_length, "test_lengths": list(task.test_lengths),
+                             "longest_length_solved": values, "longest_length_solved_median": median}}
 
     def save_json(self, path: str | Path) -> Path:
         path = Path(path)

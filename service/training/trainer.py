@@ -84,6 +84,14 @@ def resolve_device(name: str) -> torch.device:
 class Trainer:
     """Trains ``config.seeds`` seeds of one configuration as one batched computation."""
 
+    def __new__(cls, config: RunConfig, *args, **kwargs):
+        """A recurrent task's trainer is a `RecurrentTrainer` (``Trainer(config)`` either way)."""
+        if cls is Trainer and getattr(config.task, "recurrent", False):
+            from service.training.recurrent import RecurrentTrainer
+
+            return super().__new__(RecurrentTrainer)
+        return super().__new__(cls)
+
     def __init__(self, config: RunConfig) -> None:
         self.config = config
         self.device = resolve_device(config.device)

@@ -3,7 +3,7 @@
 Importing this package registers every unit; use `build_unit` / `get_unit` by name.
 """
 
-from service.units import inalu, linear, mlp, nac, nalu, nau, nmu, npu  # noqa: F401  (registers)
+from service.units import inalu, linear, lstm, mlp, nac, nalu, nau, nmu, npu  # noqa: F401  (registers)
 from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
 from service.units.init import InitSpec, parse_init
 from service.units.registry import (

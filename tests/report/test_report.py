@@ -314,8 +314,8 @@ def test_dashboard_panels_come_from_the_definitions_file(tmp_path):
 
     board = load_dashboard()
     assert [p.kind for p in board.panels] == ["ranking_forest", "optimization_history", "parallel_coordinates",
-                                              "importance", "success_vs_params", "extrapolation_mse", "solved_at",
-                                              "weights"]
+                                              "importance", "success_vs_params", "extrapolation_mse",
+                                              "success_vs_length", "solved_at", "weights"]
     assert all(p.kind in PANEL_KINDS for p in board.panels)
     bad = tmp_path / "bad.yaml"
     bad.write_text("panels: [{kind: nope}]\n")

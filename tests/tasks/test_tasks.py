@@ -45,7 +45,8 @@ EXAMPLES: list[Task] = [
 
 def test_registry_lists_every_kind() -> None:
     assert task_kinds() == ["arithmetic", "small_mul", "single_unit", "subset_only",
-                            "operation_only", "identity", "many_operands"]
+                            "operation_only", "identity", "many_operands", "sequence_arithmetic",
+                            "sequential_digits"]
     for kind, cls in TASKS.items():
         assert cls().kind == kind
 

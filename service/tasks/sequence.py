@@ -1,0 +1,209 @@
+"""Recurrent tasks (SPEC.md §2 "Recurrent tasks"): a unit accumulates over a sequence.
+
+A sequence task gives, per time step, an input ``x_t ∈ R^I`` (numbers, or a digit image);
+a read-out (the model's first layers) maps it to ``z_t``, and the recurrent cell (the last
+layer) accumulates ``h_t = cell(cat(z_t, h_{t−1}))`` from ``h_0 = 0`` (sum) or ``1``
+(product). The target at every step is the running sum or product of the step operands.
+
+The model extrapolates in *length*: it trains on ``train_length`` and is tested on each of
+``test_lengths``. Each test length is one "extrapolation range" of the metrics pipeline
+(named ``length_<L>``), so per-seed success, the Wilson interval and the objective work
+unchanged; the validation ("interpolation") set has the training length.
+
+Success threshold per length: the MSE of a *solved reference* (the task's reference
+read-out followed by exact arithmetic in float64) on the same test sequences, plus a
+one-sided 99% upper bound on that mean (normal approximation: ``mean + 2.326·sd/√N``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import Field, field_validator, model_validator
+from torch import Tensor
+
+from service.tasks.base import Task, cache_dir, read_cache, write_cache
+
+SequenceOperation = Literal["sum", "prod"]
+REFERENCE_CONFIDENCE = 0.99
+"""One-sided confidence of the upper bound on the solved reference's MSE."""
+
+_MAX_TEST_LENGTH = 100_000
+
+
+def length_name(length: int) -> str:
+    return f"length_{length}"
+
+
+@dataclass(frozen=True)
+class SequenceSet:
+    """A fixed evaluation set: ``N`` sequences of ``L`` steps.
+
+    ``inputs`` is ``[N, L, I]`` float32 (numbers), or ``[N, L]`` int64 indices into
+    ``table [n, I]`` (images: the read-out then runs once per image, not per position).
+    ``targets [N, L]`` float64 are the running results at every position; ``lengths``
+    names the positions that are scored (``{name: L}``, read at index ``L − 1``).
+    """
+
+    inputs: Tensor
+    targets: Tensor
+    lengths: dict[str, int]
+    table: Tensor | None = None
+
+    def to(self, device: torch.device | str) -> "SequenceSet":
+        return SequenceSet(self.inputs.to(device), self.targets.to(device), dict(self.lengths),
+                           None if self.table is None else self.table.to(device))
+
+    def features(self, start: int, end: int) -> Tensor:
+        """Inputs of positions ``start:end`` as ``[N, end − start, I]`` float32."""
+        part = self.inputs[:, start:end]
+        return part if self.table is None else self.table[part]
+
+
+class SequenceTask(Task):
+    """Base of the recurrent tasks; subclasses define the step inputs and the reference."""
+
+    recurrent: ClassVar[bool] = True  # the trainer runs an unrolled recurrent model for these tasks
+
+    operation: SequenceOperation = Field("sum", description="sum or prod, accumulated over the sequence")
+    train_length: int = Field(10, ge=1, le=10_000, description="length of the training sequences")
+    test_lengths: tuple[int, ...] = Field(
+        (1, 10, 100, 1000), description="lengths the model is tested on (each one scored separately)"
+    )
+    eval_samples: int = Field(1000, ge=10, le=100_000, description="sequences per evaluation set")
+    extrapolation: dict[str, Any] = Field(
+        default_factory=dict, description="unused: sequence tasks extrapolate in length (test_lengths)"
+    )
+
+    default_lengths: ClassVar[dict[str, tuple[int, tuple[int, ...]]]] = {}
+    """``{operation: (train_length, test_lengths)}`` used when the config names none."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _lengths_by_operation(cls, data: Any) -> Any:
+        if isinstance(data, dict) and cls.default_lengths:
+            op = data.get("operation", "sum")
+            train, test = cls.default_lengths.get(op, next(iter(cls.default_lengths.values())))
+            data = {"train_length": train, "test_lengths": test, **data}
+        return data
+
+    @field_validator("extrapolation")
+    @classmethod
+    def _some_extrapolation(cls, value: dict[str, Any]) -> dict[str, Any]:  # overrides Task's
+        if value:
+            raise ValueError("sequence tasks extrapolate in length: set test_lengths, not extrapolation")
+        return value
+
+    @field_validator("test_lengths")
+    @classmethod
+    def _lengths(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if not value:
+            raise ValueError("at least one test length is needed")
+        if any(v < 1 or v > _MAX_TEST_LENGTH for v in value):
+            raise ValueError(f"test lengths must lie in [1, {_MAX_TEST_LENGTH}]")
+        return tuple(sorted(set(value)))
+
+    @model_validator(mode="after")
+    def _products_stay_finite(self) -> "SequenceTask":
+        if self.operation == "prod":
+            top = self.largest_operand()
+            if top > 1 and max(self.test_lengths) * math.log10(top) > 30:
+                raise ValueError(
+                    f"products of up to {max(self.test_lengths)} operands up to {top:g} exceed "
+                    "1e30 (float32 squared errors overflow); use shorter test_lengths")
+        return self
+
+    # -- what each task defines -------------------------------------------------------------
+    @property
+    def output_size(self) -> int:
+        return 1
+
+    step_width: ClassVar[int] = 1
+    """Width of the read-out's output ``z_t`` (what the cell adds or multiplies)."""
+
+    def largest_operand(self) -> float:
+        raise NotImplementedError
+
+    def train_batch(self, keys: Tensor, step: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
+        """Each seed's batch ``x [S, B, L, I]`` and running targets ``[S, B, L, 1]``."""
+        raise NotImplementedError
+
+    def draw_sets(self) -> dict[str, SequenceSet]:
+        """The fixed evaluation sets: ``interpolation`` (validation, training length) and
+        ``test`` (one set of the longest test length, read at every test length)."""
+        raise NotImplementedError
+
+    def reference_errors(self, name: str, data: SequenceSet) -> Tensor:
+        """Squared errors ``[N, len(lengths)]`` (float64) of the solved reference."""
+        raise NotImplementedError
+
+    # -- shared -------------------------------------------------------------------------------
+    @property
+    def start_state(self) -> float:
+        return 0.0 if self.operation == "sum" else 1.0
+
+    def extrapolation_names(self) -> list[str]:
+        return [length_name(n) for n in self.test_lengths]
+
+    def accumulate(self, operands: Tensor, dim: int) -> Tensor:
+        return operands.cumsum(dim) if self.operation == "sum" else operands.cumprod(dim)
+
+    def evaluation_sets(self, device=None) -> dict:
+        """Static-task interface: sequence tasks have none (see `sequence_sets`)."""
+        return {}
+
+    def sequence_sets(self, device: torch.device | str | None = None) -> dict[str, SequenceSet]:
+        """`draw_sets`, cached per configuration (treat as read-only)."""
+        sets = _sets_cached(type(self), self.config_key())
+        return dict(sets) if device is None else {k: v.to(device) for k, v in sets.items()}
+
+    def success_thresholds(self) -> dict[str, float]:
+        """``{length_<L>: threshold}``: the solved reference's test MSE at each length plus
+        its one-sided 99% upper bound (cached per configuration)."""
+        return dict(_thresholds_cached(type(self), self.config_key()))
+
+
+def upper_bound(errors: Tensor, confidence: float = REFERENCE_CONFIDENCE) -> Tensor:
+    """``mean + z·sd/√N`` per column of ``errors [N, K]`` (one-sided, normal quantile)."""
+    n = errors.shape[0]
+    z = NormalDist().inv_cdf(confidence)
+    sd = errors.std(0, unbiased=True) if n > 1 else torch.zeros_like(errors[0])
+    return errors.mean(0) + z * sd / math.sqrt(n)
+
+
+@functools.lru_cache(maxsize=16)
+def _sets_cached(cls: type[SequenceTask], key: str) -> dict[str, SequenceSet]:
+    return cls.model_validate(_fields(key)).draw_sets()
+
+
+_CACHE_VERSION = 1  # bump when a reference changes: old disk entries are then ignored
+
+
+@functools.lru_cache(maxsize=64)
+def _thresholds_cached(cls: type[SequenceTask], key: str) -> dict[str, float]:
+    """Computed once per configuration; kept in memory and in a small JSON file under
+    `cache_dir` (fitting the digit read-out takes seconds, and every trial needs it)."""
+    path = cache_dir() / "sequence_thresholds" / (
+        hashlib.sha256(f"v{_CACHE_VERSION}|{key}".encode()).hexdigest()[:32] + ".json")
+    cached = read_cache(path)
+    if cached:
+        return cached
+    task = cls.model_validate(_fields(key))
+    test = task.sequence_sets()["test"]
+    bounds = upper_bound(task.reference_errors("test", test))
+    thresholds = {name: float(b) for name, b in zip(test.lengths, bounds.tolist())}
+    write_cache(path, key, thresholds)
+    return thresholds
+
+
+def _fields(key: str) -> dict[str, Any]:
+    data = json.loads(key)
+    data.pop("kind", None)
+    return data

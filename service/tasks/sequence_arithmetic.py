@@ -1,0 +1,101 @@
+"""Sequences of numbers (NALU paper §4.2 style): at every step ``x_t ∈ R^I`` is drawn
+i.i.d. from the number range, the step operand is the sum of a run of its positions
+``a_t = Σ x_t[start:start+size]``, and the target is the running sum ``Σ_{s≤t} a_s`` or
+product ``Π_{s≤t} a_s``. Trained on ``train_length``, tested on each of ``test_lengths``.
+
+Solved reference: the read-out's exact selection moved by ε = 1e-5 towards the wrong side
+(as SPEC.md §3 for the static tasks) with exact accumulation, in float64.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import Tensor
+
+from service import limits, rng
+from service.seeding import generator_for
+from service.tasks.base import EVAL_MASTER_SEED, THRESHOLD_EPSILON
+from service.tasks.sequence import SequenceSet, SequenceTask, length_name
+
+LENGTHS = {"sum": (10, (1, 10, 100, 1000)), "prod": (2, (1, 2, 5, 10, 20))}
+"""``operation: (train_length, test_lengths)`` when the config names none."""
+
+
+class SequenceArithmeticTask(SequenceTask):
+    """``kind: sequence_arithmetic``: a running sum/product of a subset of each step's inputs."""
+
+    kind: Literal["sequence_arithmetic"] = "sequence_arithmetic"
+    default_lengths: ClassVar[dict[str, tuple[int, tuple[int, ...]]]] = LENGTHS
+    input_size: int = Field(4, ge=1, le=limits.MAX_WIDTH, description="numbers per step")
+    subset_start: int = Field(0, ge=0, description="first input position of the step operand")
+    subset_size: int = Field(2, ge=1, description="how many consecutive inputs the step operand sums")
+
+    @model_validator(mode="after")
+    def _subset_fits(self) -> "SequenceArithmeticTask":
+        if self.subset_start + self.subset_size > self.input_size:
+            raise ValueError(f"the step operand x[{self.subset_start}:{self.subset_start + self.subset_size}] "
+                             f"does not fit input_size={self.input_size}")
+        return self
+
+    def largest_operand(self) -> float:
+        return self.subset_size * max(abs(self.interpolation.low), abs(self.interpolation.high))
+
+    def selection(self) -> Tensor:
+        """The read-out's exact weights ``[1, I]`` (float64)."""
+        w = torch.zeros(1, self.input_size, dtype=torch.float64)
+        w[0, self.subset_start:self.subset_start + self.subset_size] = 1.0
+        return w
+
+    def default_model(self) -> list[dict[str, Any]]:
+        """An NAU read-out (selects the operand) and an NAU (sum) or NMU (product) cell."""
+        return [{"unit": "nau"}, {"unit": "nau" if self.operation == "sum" else "nmu"}]
+
+    def train_batch(self, keys: Tensor, step: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
+        run = ((self.subset_start, self.subset_start + self.subset_size),)
+        x, sums = rng.sample(keys, step, (batch_size, self.train_length, self.input_size),
+                             self.interpolation.intervals, run)
+        return x, self.accumulate(sums, 2)
+
+    def _draw(self, name: str, length: int) -> tuple[Tensor, Tensor]:
+        gen = generator_for(EVAL_MASTER_SEED, "evaluation", name, self.dataset_seed)
+        x = self.interpolation.sample((self.eval_samples, length, self.input_size), gen,
+                                      dtype=torch.float64).to(torch.float32)
+        operands = (x.double() @ self.selection().T).squeeze(-1)
+        return x, self.accumulate(operands, 1)
+
+    def draw_sets(self) -> dict[str, SequenceSet]:
+        x, t = self._draw("interpolation", self.train_length)
+        xt, tt = self._draw("test", max(self.test_lengths))
+        return {
+            "interpolation": SequenceSet(x, t, {"interpolation": self.train_length}),
+            "test": SequenceSet(xt, tt, {length_name(n): n for n in self.test_lengths}),
+        }
+
+    def reference_errors(self, name: str, data: SequenceSet) -> Tensor:
+        """The ε-perturbed read-out with exact accumulation (float64), plus what float32
+        rounding alone costs an exact model that accumulates step by step as the cell does
+        (at length 1000 the rounding dominates: ~2e-6 against ~4e-8): per sequence, the sum
+        of the two squared errors."""
+        sel = self.selection()
+        perturbed = torch.where(sel == 0, THRESHOLD_EPSILON, sel - THRESHOLD_EPSILON)
+        reference = self.accumulate((data.inputs.double() @ perturbed.T).squeeze(-1), 1)
+        at = torch.tensor([n - 1 for n in data.lengths.values()])
+        rounded = self.accumulate_float32(data.inputs)
+        return ((reference[:, at] - data.targets[:, at]).square()
+                + (rounded[:, at].double() - data.targets[:, at]).square())
+
+    def accumulate_float32(self, x: Tensor) -> Tensor:
+        """The exact model in float32, ``[N, L, I] → [N, L]``: the operand as a sum of its
+        inputs in order, then ``h ← h + a`` (or ``h · a``) one step at a time."""
+        a = x[..., self.subset_start]
+        for i in range(self.subset_start + 1, self.subset_start + self.subset_size):
+            a = a + x[..., i]
+        h = torch.full_like(a[:, 0], self.start_state)
+        out = torch.empty_like(a)
+        for t in range(a.shape[1]):
+            h = h + a[:, t] if self.operation == "sum" else h * a[:, t]
+            out[:, t] = h
+        return out

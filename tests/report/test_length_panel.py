@@ -1,0 +1,28 @@
+"""The success-vs-sequence-length panel reads the per-length metrics of recurrent trials."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from service.report.panels import success_vs_length
+
+
+def _data(trials):
+    return SimpleNamespace(ranked=lambda top=None: trials[:top], validations={})
+
+
+def test_one_line_per_top_setting_over_the_test_lengths():
+    metrics = {"n_seeds": 8.0, "success_rate_per_range.length_1": 1.0, "success_rate_per_range.length_1000": 0.25,
+               "success_rate_per_range.length_10": 0.5, "success_rate": 0.25}
+    trials = [SimpleNamespace(name="a", metrics=metrics), SimpleNamespace(name="b", metrics={**metrics, "n_seeds": 4.0})]
+    panel = success_vs_length(_data(trials), {"top": 5})
+    assert len(panel.figure.data) == 2
+    line = panel.figure.data[0]
+    assert list(line.x) == [1, 10, 1000] and list(line.y) == [1.0, 0.5, 0.25]
+    assert line.error_y.arrayminus[0] > 0 and line.error_y.array[0] == 0  # 8/8: Wilson upper end 1
+
+
+def test_a_static_sweep_gets_a_placeholder():
+    trials = [SimpleNamespace(name="a", metrics={"n_seeds": 8.0, "success_rate_per_range.extrapolation": 1.0})]
+    panel = success_vs_length(_data(trials), {})
+    assert "not a recurrent" in panel.note
