@@ -9,7 +9,7 @@ import math
 from typing import Any, Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
 from service import limits
 from service.frozen import Frozen
@@ -126,7 +126,7 @@ class TrainConfig(Frozen):
 class RunConfig(Frozen):
     """Everything that defines one run; seeds are ``seed_offset .. seed_offset + seeds - 1``."""
 
-    task: Task
+    task: SerializeAsAny[Task]  # dumps keep the task kind's own fields (kind, operation, …)
     model: ModelConfig = ModelConfig()
     train: TrainConfig = TrainConfig()
     seeds: int = Field(16, ge=1, le=limits.MAX_SEEDS)

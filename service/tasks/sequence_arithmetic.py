@@ -15,7 +15,8 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from service import limits, rng
+from service import limits
+from service.seeding import generator as rng
 from service.seeding import generator_for
 from service.tasks.base import EVAL_MASTER_SEED, THRESHOLD_EPSILON
 from service.tasks.sequence import SequenceSet, SequenceTask, length_name

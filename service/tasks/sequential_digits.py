@@ -22,7 +22,7 @@ import torch
 from pydantic import Field, model_validator
 from torch import Tensor
 
-from service import rng
+from service.seeding import generator as rng
 from service.errors import UserError
 from service.seeding import generator_for
 from service.tasks.base import EVAL_MASTER_SEED

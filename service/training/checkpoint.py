@@ -18,7 +18,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,6 +28,9 @@ from service.config import RunConfig
 from service.errors import UserError
 from service.scoring.metrics import AggregateMetrics, EvalHistory, SeedMetrics
 from service.training.result import RunResult
+
+if TYPE_CHECKING:
+    from service.training.trainer import Trainer
 
 FORMAT = 3
 """Version of the payload layout; a checkpoint of another version is refused. 2: data and
@@ -261,3 +264,64 @@ def params_sha256(state: dict[str, Tensor]) -> str:
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+# -- a trainer's state in and out ---------------------------------------------------------
+def take_checkpoint(self: "Trainer", elapsed_s: float = 0.0) -> TrainerCheckpoint:
+    """A frozen copy (on the CPU) of everything the next step depends on; taken after an
+    evaluation, a run resumed from it continues with that step's re-initialisation check
+    and training step, exactly as the uninterrupted run does."""
+    def stacked(rows: list[Tensor]) -> Tensor:  # [E, S] float64
+        return cpu_copy(torch.stack(rows)) if rows else torch.zeros(0, self.num_seeds, dtype=torch.float64)
+
+    return TrainerCheckpoint(
+        config_fingerprint=config_fingerprint(self.config),
+        seed_ids=tuple(self.seed_ids),
+        step=self.step,
+        elapsed_s=float(elapsed_s),
+        model={k: cpu_copy(v) for k, v in self.model.state_dict().items()},
+        optimizer_steps=cpu_copy(self.optimizer.steps),
+        optimizer_powers=cpu_copy(self.optimizer.powers),
+        optimizer_state=tuple(tuple(cpu_copy(b) for b in st) for st in self.optimizer.state),
+        alive=cpu_copy(self.alive),
+        diverged_at=cpu_copy(self.diverged_at),
+        best_loss=cpu_copy(self.best_loss),
+        last_improved=cpu_copy(self.last_improved),
+        best_interpolation_mse=cpu_copy(self.best_interpolation_mse),
+        best_step=cpu_copy(self.best_step),
+        best_sparsity_error=cpu_copy(self.best_sparsity_error),
+        reinit_counts=tuple(self.reinit_counts),
+        init_generators=tuple(g.get_state() for g in self.init_generators),
+        eval_steps=tuple(self._steps),
+        interpolation_mse=stacked(self._interp),
+        extrapolation_mse={n: stacked(v) for n, v in self._extrap.items()},
+    )
+
+@torch.no_grad()
+def restore_checkpoint(self: "Trainer", ckpt: TrainerCheckpoint) -> None:
+    """Continue from ``ckpt`` (written by this configuration; device and compile mode
+    may differ)."""
+    if ckpt.config_fingerprint != config_fingerprint(self.config):
+        raise CheckpointError("the checkpoint was written by another run configuration "
+                              "(tasks, model, training settings or seeds differ)")
+    if list(ckpt.seed_ids) != self.seed_ids or set(ckpt.extrapolation_mse) != set(self._extrap):
+        raise CheckpointError("the checkpoint's seeds or extrapolation ranges differ from the run's")
+    dev = self.device
+    self.model.load_state_dict({k: v.to(dev) for k, v in ckpt.model.items()})
+    self.optimizer.load_state_dict({"steps": ckpt.optimizer_steps.to(dev),
+                                    "powers": ckpt.optimizer_powers.to(dev),
+                                    "state": [[b.to(dev) for b in st] for st in ckpt.optimizer_state]})
+    for live, saved in ((self.alive, ckpt.alive), (self.diverged_at, ckpt.diverged_at),
+                        (self.best_loss, ckpt.best_loss), (self.last_improved, ckpt.last_improved),
+                        (self.best_interpolation_mse, ckpt.best_interpolation_mse),
+                        (self.best_step, ckpt.best_step), (self.best_sparsity_error, ckpt.best_sparsity_error)):
+        live.copy_(saved.to(dev))
+    self.reinit_counts = list(ckpt.reinit_counts)
+    for g, state in zip(self.init_generators, ckpt.init_generators, strict=True):
+        g.set_state(state)
+    self._steps = list(ckpt.eval_steps)
+    self._interp = list(ckpt.interpolation_mse.to(dev).unbind(0))
+    self._extrap = {n: list(ckpt.extrapolation_mse[n].to(dev).unbind(0)) for n in self._extrap}
+    self.step = ckpt.step
+    self.step_t.fill_(max(ckpt.step - 1, 0))  # what the last step left (evaluations read it)
+    self._elapsed_before = ckpt.elapsed_s

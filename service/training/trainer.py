@@ -19,33 +19,29 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from service import native
-from service.seeding import generator as rng
 from service.config import RunConfig
-from service.scoring.metrics import EvalHistory, aggregate, per_seed_metrics
+from service.scoring.metrics import aggregate, per_seed_metrics
+from service.seeding import generator as rng
 from service.seeding import generator_for, stream_keys
 from service.training.checkpoint import (
-    CheckpointError,
     TrainerCheckpoint,
-    config_fingerprint,
-    cpu_copy,
     params_sha256,
+    restore_checkpoint,
+    take_checkpoint,
 )
+from service.training.evaluation import EvalReport, Evaluation
 from service.training.model import BatchedModel, build_model
 from service.training.optimizers import BatchedOptimizer
 from service.training.result import RunResult
 from service.units.base import ForwardContext
 
 _COMPILE_COST_S = 12.5  # seconds to compile the step (cold cache), for compile="auto"
-_EVAL_ELEMENTS = 1 << 22  # per evaluation tile: seeds × samples × widest layer input
-_EVAL_CHUNK = 512  # samples per evaluation tile: fixed, so a seed's MSE never depends on S
 _GRAPH_STEPS = 50  # steps per captured CUDA graph
 _GRAPH_WARMUP = 3  # steps run (compiled, uncaptured) before the capture
 
@@ -59,20 +55,6 @@ def _isfinite(t: Tensor) -> Tensor:
     return (t - t) == 0
 
 
-@dataclass
-class EvalReport:
-    """What the trainer tells a listener at each evaluation (progress bars, Ray Tune)."""
-
-    step: int
-    total_steps: int
-    interpolation_mse: np.ndarray  # [S]
-    extrapolation_mse: dict[str, np.ndarray]  # name -> [S]
-    diverged: np.ndarray  # [S] bool
-    history: EvalHistory
-    elapsed_s: float
-    checkpoint: TrainerCheckpoint | None = None  # set every `checkpoint_every` evaluations
-
-
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -81,7 +63,7 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-class Trainer:
+class Trainer(Evaluation):
     """Trains ``config.seeds`` seeds of one configuration as one batched computation."""
 
     def __new__(cls, config: RunConfig, *args, **kwargs):
@@ -310,69 +292,7 @@ class Trainer:
         self._graph = graph
 
     # -- evaluation and re-initialisation ----------------------------------------------------
-    @torch.no_grad()
-    def _mse(self, x: Tensor, y: Tensor) -> Tensor:
-        """Per-seed MSE ``[S]`` of the model on a shared evaluation set.
 
-        Evaluated in tiles of `_EVAL_CHUNK` samples × a group of seeds (as many as fit
-        `_EVAL_ELEMENTS`; a group runs the model on its slice of the parameters). A seed's
-        numbers never depend on how many seeds are trained: every tile has the same
-        samples whatever S (a matmul's result can depend on its row count), each tile's
-        squared errors are summed per seed and the tile sums added in sample order, in
-        float64.
-        """
-        was_training = self.model.training
-        self.model.eval()
-        n, S = x.shape[0], self.num_seeds
-        width = max(self.task.input_size, self.config.model.hidden_size) * max(1, self.task.output_size)
-        group = max(1, min(S, _EVAL_ELEMENTS // (_EVAL_CHUNK * width)))
-        params = dict(self.model.named_parameters())
-        total = torch.zeros(S, dtype=torch.float64, device=self.device)
-        for s0 in range(0, S, group):
-            s1 = min(S, s0 + group)
-            keys = self.noise_keys[s0:s1]
-            ctx = ForwardContext(step=self.step_t, noise_keys=keys)
-            sliced = {k: v[s0:s1] for k, v in params.items()}
-            for i in range(0, n, _EVAL_CHUNK):
-                xb = x[i:i + _EVAL_CHUNK]  # shared by every seed: seed stride 0, even for one seed
-                xb = xb.as_strided((s1 - s0, *xb.shape), (0, *xb.stride()))
-                z = self.model(xb, ctx) if group >= S else torch.func.functional_call(self.model, sliced, (xb, ctx))
-                err = (z - y[i:i + _EVAL_CHUNK]).double().square()
-                total[s0:s1] += err.flatten(1).sum(1)
-        self.model.train(was_training)
-        return total / (n * y.shape[1])
-
-    def evaluate(self) -> None:
-        self._steps.append(self.step)
-        for name, (x, y) in self.eval_sets.items():
-            mse = self._mse(x, y)
-            if name == "interpolation":
-                self._interp.append(mse)
-            else:
-                self._extrap[name].append(mse)
-        self._track_best(self._interp[-1])
-
-    @torch.no_grad()
-    def _track_best(self, interpolation_mse: Tensor) -> None:
-        """Keep, per seed, the sparsity error of the weights at the evaluation with the lowest
-        interpolation MSE so far: masks over the seeds, the same choice as `per_seed_metrics`
-        makes from the history (the first evaluation always counts, a strictly lower MSE
-        replaces it, NaN ranks as +inf)."""
-        mse = torch.where(torch.isnan(interpolation_mse), float("inf"), interpolation_mse)
-        improved = mse < self.best_interpolation_mse
-        if len(self._steps) == 1:
-            improved = torch.ones_like(improved)
-        sparsity = self.model.sparsity_error().detach().to(torch.float64)
-        self.best_interpolation_mse.copy_(torch.where(improved, mse, self.best_interpolation_mse))
-        self.best_step.masked_fill_(improved, self.step)
-        self.best_sparsity_error.copy_(torch.where(improved, sparsity, self.best_sparsity_error))
-
-    def history(self) -> EvalHistory:
-        return EvalHistory(
-            steps=np.asarray(self._steps, dtype=np.int64),
-            interpolation_mse=torch.stack(self._interp).cpu().numpy(),
-            extrapolation_mse={n: torch.stack(v).cpu().numpy() for n, v in self._extrap.items()},
-        )
 
     def _diverged(self) -> Tensor:
         params_ok = torch.stack([torch.isfinite(p).flatten(1).all(1) for p in self.params]).all(0)
@@ -400,63 +320,14 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def checkpoint(self, elapsed_s: float = 0.0) -> TrainerCheckpoint:
-        """A frozen copy (on the CPU) of everything the next step depends on; taken after an
-        evaluation, a run resumed from it continues with that step's re-initialisation check
-        and training step, exactly as the uninterrupted run does."""
-        def stacked(rows: list[Tensor]) -> Tensor:  # [E, S] float64
-            return cpu_copy(torch.stack(rows)) if rows else torch.zeros(0, self.num_seeds, dtype=torch.float64)
+        """A frozen copy (on the CPU) of everything the next step depends on
+        (`service.training.checkpoint.take_checkpoint`)."""
+        return take_checkpoint(self, elapsed_s)
 
-        return TrainerCheckpoint(
-            config_fingerprint=config_fingerprint(self.config),
-            seed_ids=tuple(self.seed_ids),
-            step=self.step,
-            elapsed_s=float(elapsed_s),
-            model={k: cpu_copy(v) for k, v in self.model.state_dict().items()},
-            optimizer_steps=cpu_copy(self.optimizer.steps),
-            optimizer_powers=cpu_copy(self.optimizer.powers),
-            optimizer_state=tuple(tuple(cpu_copy(b) for b in st) for st in self.optimizer.state),
-            alive=cpu_copy(self.alive),
-            diverged_at=cpu_copy(self.diverged_at),
-            best_loss=cpu_copy(self.best_loss),
-            last_improved=cpu_copy(self.last_improved),
-            best_interpolation_mse=cpu_copy(self.best_interpolation_mse),
-            best_step=cpu_copy(self.best_step),
-            best_sparsity_error=cpu_copy(self.best_sparsity_error),
-            reinit_counts=tuple(self.reinit_counts),
-            init_generators=tuple(g.get_state() for g in self.init_generators),
-            eval_steps=tuple(self._steps),
-            interpolation_mse=stacked(self._interp),
-            extrapolation_mse={n: stacked(v) for n, v in self._extrap.items()},
-        )
-
-    @torch.no_grad()
     def load_checkpoint(self, ckpt: TrainerCheckpoint) -> None:
-        """Continue from ``ckpt`` (written by this configuration; device and compile mode
-        may differ)."""
-        if ckpt.config_fingerprint != config_fingerprint(self.config):
-            raise CheckpointError("the checkpoint was written by another run configuration "
-                                  "(tasks, model, training settings or seeds differ)")
-        if list(ckpt.seed_ids) != self.seed_ids or set(ckpt.extrapolation_mse) != set(self._extrap):
-            raise CheckpointError("the checkpoint's seeds or extrapolation ranges differ from the run's")
-        dev = self.device
-        self.model.load_state_dict({k: v.to(dev) for k, v in ckpt.model.items()})
-        self.optimizer.load_state_dict({"steps": ckpt.optimizer_steps.to(dev),
-                                        "powers": ckpt.optimizer_powers.to(dev),
-                                        "state": [[b.to(dev) for b in st] for st in ckpt.optimizer_state]})
-        for live, saved in ((self.alive, ckpt.alive), (self.diverged_at, ckpt.diverged_at),
-                            (self.best_loss, ckpt.best_loss), (self.last_improved, ckpt.last_improved),
-                            (self.best_interpolation_mse, ckpt.best_interpolation_mse),
-                            (self.best_step, ckpt.best_step), (self.best_sparsity_error, ckpt.best_sparsity_error)):
-            live.copy_(saved.to(dev))
-        self.reinit_counts = list(ckpt.reinit_counts)
-        for g, state in zip(self.init_generators, ckpt.init_generators, strict=True):
-            g.set_state(state)
-        self._steps = list(ckpt.eval_steps)
-        self._interp = list(ckpt.interpolation_mse.to(dev).unbind(0))
-        self._extrap = {n: list(ckpt.extrapolation_mse[n].to(dev).unbind(0)) for n in self._extrap}
-        self.step = ckpt.step
-        self.step_t.fill_(max(ckpt.step - 1, 0))  # what the last step left (evaluations read it)
-        self._elapsed_before = ckpt.elapsed_s
+        """Continue from ``ckpt`` (`service.training.checkpoint.restore_checkpoint`)."""
+        restore_checkpoint(self, ckpt)
+
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, on_eval: Callable[[EvalReport], None] | None = None, *,
