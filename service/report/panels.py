@@ -34,7 +34,7 @@ def panel_kind(name: str):
     return register
 
 
-def _go():
+def plotly_go():
     import plotly.graph_objects as go
 
     return go
@@ -42,7 +42,7 @@ def _go():
 
 def empty(message: str) -> Panel:
     """A placeholder figure (so every panel still has a plot) saying why it is empty."""
-    go = _go()
+    go = plotly_go()
     fig = go.Figure()
     fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
                        font={"size": 14})
@@ -88,7 +88,7 @@ def _ci_of(metrics: dict[str, float]) -> tuple[float, float, float] | None:
 def ranking_forest(data: ReportData, options: dict[str, Any]) -> Panel:
     """Settings by objective, each with success rate and 95% Wilson CI (search, and the
     fresh-seed validation next to it when there is one)."""
-    go = _go()
+    go = plotly_go()
     top = int(options.get("top", 15))
     rows = data.ranked(top)
     if not rows:
@@ -180,7 +180,7 @@ def importance(data: ReportData, options: dict[str, Any]) -> Panel:
     """Optuna's hyperparameter importance on the sweep's trials (rebuilt as a study)."""
     import optuna
 
-    go = _go()
+    go = plotly_go()
     if data.space is None or not data.space.params:
         return empty("no searched parameters")
     trials = _params_for_importance(data)
@@ -242,7 +242,7 @@ def success_vs_params(data: ReportData, options: dict[str, Any]) -> Panel:
 
     from service.search.space import CategoricalParam, LogUniformParam
 
-    go = _go()
+    go = plotly_go()
     names = data.searched
     metric = options.get("metric", "success_rate")
     trials = [t for t in data.view.trials if finite(t.metrics.get(metric)) is not None]
@@ -283,7 +283,7 @@ def success_vs_params(data: ReportData, options: dict[str, Any]) -> Panel:
 @panel_kind("extrapolation_mse")
 def extrapolation_mse(data: ReportData, options: dict[str, Any]) -> Panel:
     """Median extrapolation MSE per range for the top settings (search and validation)."""
-    go = _go()
+    go = plotly_go()
     rows = data.ranked(int(options.get("top", 5)))
     ranges = data.ranges()
     if not rows or not ranges:
@@ -326,7 +326,7 @@ def near_miss(value: float | None, threshold: float | None, within: float = 10.0
 @panel_kind("solved_at")
 def solved_at(data: ReportData, options: dict[str, Any]) -> Panel:
     """Distribution of solved_at (solved seeds only) for the top settings."""
-    go = _go()
+    go = plotly_go()
     rows = data.ranked(int(options.get("top", 5)))
     fig = go.Figure()
     count = 0
@@ -351,7 +351,7 @@ def weights(data: ReportData, options: dict[str, Any]) -> Panel:
     """Heatmaps of the learned weight matrices of a successful and a failed seed."""
     from plotly.subplots import make_subplots
 
-    go = _go()
+    go = plotly_go()
     if not data.weights:
         return empty("no weights logged for the top setting")
     roles = [r for r in ("best", "failed") if r in data.weights]
@@ -385,40 +385,3 @@ def weights(data: ReportData, options: dict[str, Any]) -> Panel:
     return Panel(fig, note)
 
 
-_LENGTH_KEY = "success_rate_per_range.length_"
-
-
-def _length_rates(metrics: dict[str, float]) -> dict[int, float]:
-    """``{test length: success rate}`` from a recurrent trial's per-length metrics."""
-    out = {}
-    for key, value in metrics.items():
-        rate = finite(value)
-        if key.startswith(_LENGTH_KEY) and key[len(_LENGTH_KEY):].isdigit() and rate is not None:
-            out[int(key[len(_LENGTH_KEY):])] = rate
-    return dict(sorted(out.items()))
-
-
-@panel_kind("success_vs_length")
-def success_vs_length(data: ReportData, options: dict[str, Any]) -> Panel:
-    """Recurrent tasks: success rate (95% Wilson CI) at each test length, top settings."""
-    go = _go()
-    rows = data.ranked(int(options.get("top", 5)))
-    fig = go.Figure()
-    for i, t in enumerate(rows):
-        rates = _length_rates(t.metrics)
-        n = int(t.metrics.get("n_seeds") or 0)
-        if not rates or not n:
-            continue
-        bounds = [wilson_interval(round(r * n), n) for r in rates.values()]
-        fig.add_trace(go.Scatter(
-            x=list(rates), y=list(rates.values()), mode="lines+markers", name=f"#{i + 1} {t.name}",
-            error_y={"type": "data", "symmetric": False, "array": [hi - r for (_, hi), r in zip(bounds, rates.values())],
-                     "arrayminus": [r - lo for (lo, _), r in zip(bounds, rates.values())]},
-            hovertext=[f"#{i + 1} {t.name}: length {k}, {round(r * n)}/{n} seeds" for k, r in rates.items()],
-            hoverinfo="text"))
-    if not fig.data:
-        return empty("no per-length metrics: not a recurrent (sequence) task")
-    fig.update_layout(xaxis={"type": "log", "title": "test sequence length"}, height=380,
-                      yaxis={"range": [-0.02, 1.02], "title": "success rate (95% Wilson CI)"})
-    return Panel(fig, "Share of seeds below the solved reference's threshold at each test length "
-                      "(at each seed's best-validation step); the models train on one length only.")

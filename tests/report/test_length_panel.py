@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from service.report.panels import success_vs_length
+from service.report.sequence_panels import success_vs_length
 
 
 def _data(trials):
