@@ -43,8 +43,11 @@ def test_the_wheel_installs_and_trains_outside_the_checkout(tmp_path):
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--system-site-packages", str(venv), cwd=tmp_path)
     python = venv / "bin" / "python"
-    _run(str(python), "-m", "pip", "install", "--no-deps", "--no-index", str(wheel), cwd=tmp_path)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # --force-reinstall: the checkout's editable install (same name and version) is visible
+    # through the system site-packages, and pip would otherwise call the wheel installed
+    _run(str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall", str(wheel),
+         cwd=tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env["NALU_SWEEP_CACHE"] = str(tmp_path / "kernel-cache")  # a fresh build from the shipped sources
     where = _run(str(python), "-c", "import service; print(service.__file__)", cwd=tmp_path, env=env).stdout
     assert str(venv) in where, f"the installed package must be the wheel's, not the checkout: {where}"

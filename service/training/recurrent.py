@@ -131,3 +131,4 @@ class RecurrentTrainer(Trainer):
         test = self.sequence_mse(self.sequence_sets["test"])
         for j, name in enumerate(self.extrapolation_names):
             self._extrap[name].append(test[:, j])
+        self._track_best(self._interp[-1])

@@ -40,6 +40,8 @@ class RegularizerSchedule(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> "RegularizerSchedule":
+        if self.shape == "constant" and self.t_start is not None and self.t_end is None:
+            object.__setattr__(self, "t_end", self.t_start + 1)  # unused by a constant schedule
         if self.t_start is None or self.t_end is None:
             raise ValueError("give t_start and t_end with lambda_max (or lambda_max: 0 to turn the "
                              "regulariser off, or leave 'regularizer' out for the reference "

@@ -66,13 +66,18 @@ def test_an_explicit_schedule_is_kept():
 
 
 @pytest.mark.parametrize("partial", [{"lambda_max": 5.0}, {"t_start": 100, "t_end": 200},
-                                     {"shape": "constant", "lambda_max": 1.0, "t_start": 10}])
+                                     {"shape": "linear", "lambda_max": 1.0, "t_start": 10}])
 def test_a_schedule_is_given_whole(partial):
     """No hidden 5e6-step defaults: a partial schedule is an error, not t_start = 1e6."""
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError, match="Field required|give t_start and t_end"):
         config(NAU_NMU, 50_000, regularizer=partial)
+
+
+def test_a_constant_schedule_needs_no_end():
+    cfg = config(NAU_NMU, 50_000, regularizer={"shape": "constant", "lambda_max": 1.0, "t_start": 10})
+    assert float(cfg.regularizer().value(9)) == 0.0 and float(cfg.regularizer().value(10)) == 1.0
 
 
 def test_lambda_max_zero_turns_the_regulariser_off_without_times():
