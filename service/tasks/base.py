@@ -187,7 +187,7 @@ def _draw_evaluation_set(task: Task, name: str, rng: Range) -> tuple[torch.Tenso
 
 @functools.lru_cache(maxsize=32)
 def _evaluation_sets_cached(cls: type[Task], key: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    task = cls.model_validate(_fields(key))
+    task = cls.model_validate(fields_of(key))
     return {name: _draw_evaluation_set(task, name, rng) for name, rng in task.ranges().items()}
 
 
@@ -197,7 +197,7 @@ def _thresholds_cached(cls: type[Task], key: str) -> dict[str, float]:
     cached = read_cache(path)
     if cached is not None:
         return cached
-    task = cls.model_validate(_fields(key))
+    task = cls.model_validate(fields_of(key))
     thresholds = {
         name: task.simulate_threshold(
             rng, task.threshold_samples,
@@ -209,7 +209,8 @@ def _thresholds_cached(cls: type[Task], key: str) -> dict[str, float]:
     return thresholds
 
 
-def _fields(key: str) -> dict[str, Any]:
+def fields_of(key: str) -> dict[str, Any]:
+    """A task's fields back from its threshold-cache key (the kind left out)."""
     data = json.loads(key)
     data.pop("kind", None)
     return data

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -29,7 +28,7 @@ import torch
 from pydantic import Field, field_validator, model_validator
 from torch import Tensor
 
-from service.tasks.base import Task, cache_dir, read_cache, write_cache
+from service.tasks.base import Task, cache_dir, fields_of, read_cache, write_cache
 
 SequenceOperation = Literal["sum", "prod"]
 REFERENCE_CONFIDENCE = 0.99
@@ -180,7 +179,7 @@ def upper_bound(errors: Tensor, confidence: float = REFERENCE_CONFIDENCE) -> Ten
 
 @functools.lru_cache(maxsize=16)
 def _sets_cached(cls: type[SequenceTask], key: str) -> dict[str, SequenceSet]:
-    return cls.model_validate(_fields(key)).draw_sets()
+    return cls.model_validate(fields_of(key)).draw_sets()
 
 
 _CACHE_VERSION = 1  # bump when a reference changes: old disk entries are then ignored
@@ -195,15 +194,10 @@ def _thresholds_cached(cls: type[SequenceTask], key: str) -> dict[str, float]:
     cached = read_cache(path)
     if cached:
         return cached
-    task = cls.model_validate(_fields(key))
+    task = cls.model_validate(fields_of(key))
     test = task.sequence_sets()["test"]
     bounds = upper_bound(task.reference_errors("test", test))
     thresholds = {name: float(b) for name, b in zip(test.lengths, bounds.tolist())}
     write_cache(path, key, thresholds)
     return thresholds
 
-
-def _fields(key: str) -> dict[str, Any]:
-    data = json.loads(key)
-    data.pop("kind", None)
-    return data
