@@ -149,6 +149,11 @@ class EvalHistory:
     def num_seeds(self) -> int:
         return self.interpolation_mse.shape[1]
 
+    def seeds(self, rows: slice) -> "EvalHistory":
+        """The history of the seeds ``rows`` (copies)."""
+        return EvalHistory(self.steps.copy(), self.interpolation_mse[:, rows].copy(),
+                           {n: v[:, rows].copy() for n, v in self.extrapolation_mse.items()})
+
 
 class SeedMetrics(BaseModel):
     """One training seed's outcome (SPEC.md §3); MSEs are taken at ``best_step``."""

@@ -56,6 +56,15 @@ def config_fingerprint(config: RunConfig) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
+def pack_fingerprint(members: "tuple[RunConfig, ...] | list[RunConfig]") -> str:
+    """The fingerprint of a run over ``members``: one member's `config_fingerprint`, or
+    one over the members' in order (a packed run, `service.training.seed_settings`)."""
+    prints = [config_fingerprint(m) for m in members]
+    if len(prints) == 1:
+        return prints[0]
+    return hashlib.sha256(("pack:" + ";".join(prints)).encode()).hexdigest()
+
+
 def cpu_copy(t: Tensor) -> Tensor:
     """A detached CPU copy, never a view of the live tensor (a checkpoint is frozen)."""
     return t.detach().to("cpu", copy=True)
@@ -275,7 +284,7 @@ def take_checkpoint(self: "Trainer", elapsed_s: float = 0.0) -> TrainerCheckpoin
         return cpu_copy(torch.stack(rows)) if rows else torch.zeros(0, self.num_seeds, dtype=torch.float64)
 
     return TrainerCheckpoint(
-        config_fingerprint=config_fingerprint(self.config),
+        config_fingerprint=self.fingerprint,
         seed_ids=tuple(self.seed_ids),
         step=self.step,
         elapsed_s=float(elapsed_s),
@@ -301,7 +310,7 @@ def take_checkpoint(self: "Trainer", elapsed_s: float = 0.0) -> TrainerCheckpoin
 def restore_checkpoint(self: "Trainer", ckpt: TrainerCheckpoint) -> None:
     """Continue from ``ckpt`` (written by this configuration; device and compile mode
     may differ)."""
-    if ckpt.config_fingerprint != config_fingerprint(self.config):
+    if ckpt.config_fingerprint != self.fingerprint:
         raise CheckpointError("the checkpoint was written by another run configuration "
                               "(tasks, model, training settings or seeds differ)")
     if list(ckpt.seed_ids) != self.seed_ids or set(ckpt.extrapolation_mse) != set(self._extrap):

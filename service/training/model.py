@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -11,6 +11,9 @@ from torch import Tensor, nn
 from service.config import RunConfig
 from service.units.base import ForwardContext, Unit
 from service.units.registry import build_unit
+
+if TYPE_CHECKING:
+    from service.training.seed_settings import SeedSettings
 
 
 class BatchedModel(nn.Module):
@@ -48,6 +51,11 @@ class BatchedModel(nn.Module):
         layer from each seed's own generator, so a seed's draw ignores its batch mates."""
         for unit in self.units:
             unit.reset_parameters(generators, seeds)
+
+    def set_seed_variants(self, settings: "SeedSettings") -> None:
+        """Each layer's per-seed options and initialisations from the run's members."""
+        for i, unit in enumerate(self.units):
+            unit.set_seed_variants(*settings.layer_variants(i))
 
     def weight_matrices(self) -> dict[str, Tensor]:
         """Every layer's effective weights ``[S, out, in]``, keyed ``layer{i}.{name}``."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import time
 import warnings
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -31,6 +31,7 @@ from service.seeding import generator as rng
 from service.seeding import generator_for, stream_keys
 from service.training.checkpoint import (
     TrainerCheckpoint,
+    pack_fingerprint,
     params_sha256,
     restore_checkpoint,
     take_checkpoint,
@@ -39,6 +40,7 @@ from service.training.evaluation import EvalReport, Evaluation
 from service.training.model import BatchedModel, build_model
 from service.training.optimizers import BatchedOptimizer
 from service.training.result import RunResult
+from service.training.seed_settings import SeedSchedule, SeedSettings, check_pack, packable
 from service.units.base import ForwardContext
 
 _COMPILE_COST_S = 12.5  # seconds to compile the step (cold cache), for compile="auto"
@@ -74,26 +76,35 @@ class Trainer(Evaluation):
             return super().__new__(RecurrentTrainer)
         return super().__new__(cls)
 
-    def __init__(self, config: RunConfig) -> None:
-        self.config = config
+    def __init__(self, config: RunConfig, *, members: Sequence[RunConfig] | None = None) -> None:
+        """Train ``config``'s seeds; or, with ``members`` (configurations of one structure,
+        `service.training.seed_settings.check_pack`), every member's seeds as one batch in
+        member order, each with its own continuous settings (``config`` is the first)."""
+        check_pack(members := tuple(members) if members is not None else (config,))
+        self.settings, self.config = SeedSettings(members), (config := members[0])
         self.device = resolve_device(config.device)
         self.task = config.task
-        self.seed_ids = config.seed_ids
+        self.seed_ids = [s for m in members for s in m.seed_ids]
+        self.master_seeds = self.settings.per_seed(lambda m: m.master_seed)
         self.num_seeds = len(self.seed_ids)
-        self.schedule = config.regularizer()
+        self.fingerprint = pack_fingerprint(members)
         t = config.train
 
         self.dtype = config.torch_dtype
-        self.model: BatchedModel = build_model(config).to(self.device, self.dtype)
-        self.init_generators = [generator_for(config.master_seed, "init", s) for s in self.seed_ids]
+        self.schedule = SeedSchedule(self.settings.per_seed(lambda m: m.regularizer()), self.dtype, self.device)
+        self.model: BatchedModel = build_model(config, self.num_seeds).to(self.device, self.dtype)
+        if packable(config):  # a recurrent model keeps its shared options
+            self.model.set_seed_variants(self.settings)
+        self.init_generators = [generator_for(m, "init", s) for m, s in zip(self.master_seeds, self.seed_ids)]
         self.reinit_counts = [0] * self.num_seeds
         self._reset_positions(list(range(self.num_seeds)))
         self.model.clamp_()
         self.params = [p for p in self.model.parameters()]
-        self.optimizer = BatchedOptimizer(self.params, t.optimizer)
+        self.optimizer = BatchedOptimizer(self.params, t.optimizer,
+                                          self.settings.per_seed(lambda m: m.train.optimizer))
 
-        self.data_keys = stream_keys(config.master_seed, "data", self.seed_ids).to(self.device)
-        self.noise_keys = stream_keys(config.master_seed, "noise", self.seed_ids).to(self.device)
+        self.data_keys = self._stream_keys("data")
+        self.noise_keys = self._stream_keys("noise")
         self.step_t = torch.zeros((), dtype=torch.int64, device=self.device)
         self.alive = torch.ones(self.num_seeds, dtype=torch.bool, device=self.device)
         self.diverged_at = torch.full((self.num_seeds,), -1, dtype=torch.int64, device=self.device)
@@ -133,6 +144,9 @@ class Trainer(Evaluation):
             # of pyproject.toml) compiles with a graph break there instead of crashing.
             if hasattr(torch._dynamo.config, "trace_autograd_ops"):
                 torch._dynamo.config.trace_autograd_ops = True
+            # one code object for all trainers: past dynamo's 8 compilations it ran eagerly
+            for key in ("recompile_limit", "accumulated_recompile_limit"):
+                setattr(torch._dynamo.config, key, max(getattr(torch._dynamo.config, key), 1 << 14))
             self._step = torch.compile(self._step_eager, dynamic=False)
             if self.device.type == "cpu":  # the graph allocates its batch afresh each step:
                 native.retain_freed_memory()  # keep glibc from unmapping it (page faults)
@@ -147,23 +161,22 @@ class Trainer(Evaluation):
 
     def _compile_pays_off(self) -> bool:
         """Whether ``compile="auto"`` compiles: always on a GPU; on a CPU when the time it
-        saves is at least twice what compiling costs (~10 s, ~3 s with a warm cache).
-
-        Measured on one CPU thread (NAU → NMU, 100 inputs, batch 128) the compiled step saves
-        ~0.8 ms of per-operation overhead plus ~5 µs per seed (1.1 → 0.26 ms at 1 seed,
-        2.4 → 1.2 ms at 100, 21 → 16 ms at 1000), so e.g. 1 seed compiles from ~31k steps,
-        100 seeds from ~19k and 1000 from ~4k.
-        """
+        saves is at least twice what compiling costs (~10 s, ~3 s with a warm cache). On
+        one CPU thread (NAU → NMU, 100 inputs, batch 128) compiling saves ~0.8 ms per step
+        plus ~5 µs per seed: 1 seed compiles from ~31k steps, 100 from ~19k, 1000 from ~4k."""
         if self.device.type == "cuda":
             return True
         saved_s = self.config.train.steps * (0.8e-3 + 5e-6 * self.num_seeds)
         return saved_s >= _COMPILE_COST_S * 2
 
+    def _stream_keys(self, stream: str) -> Tensor:  # [S, 3]: each member's seeds, its master seed
+        return torch.cat([stream_keys(m.master_seed, stream, m.seed_ids) for m in self.settings.members]).to(self.device)
+
     def _reset_positions(self, positions: list[int]) -> None:
         gens = []
         for k in range(self.num_seeds):
             gens.append(self.init_generators[k] if self.reinit_counts[k] == 0 else
-                        generator_for(self.config.master_seed, "reinit", self.seed_ids[k], self.reinit_counts[k]))
+                        generator_for(self.master_seeds[k], "reinit", self.seed_ids[k], self.reinit_counts[k]))
         self.model.reset_parameters(gens, positions)
 
     # -- the step ---------------------------------------------------------------------------
@@ -208,7 +221,7 @@ class Trainer(Evaluation):
         else:
             task_loss = torch.nn.functional.smooth_l1_loss(y, target, reduction="none").mean((1, 2))
         total = task_loss + self.schedule.value(step, self.dtype) * self.model.regularizer()
-        if self.schedule.oob > 0:
+        if self.schedule.oob_on:
             total = total + self.schedule.oob * self.model.oob_penalty()
         return total.sum(), task_loss.detach()
 
@@ -230,9 +243,7 @@ class Trainer(Evaluation):
             torch.where(self.alive.view(-1, *([1] * (g.dim() - 1))) & _isfinite(g), g, 0.0)
             for g in grads
         ]
-        opt = self.config.train.optimizer
-        lr = opt.lr if opt.lr_schedule == "constant" else opt.lr_at(step.to(torch.float32), self.config.train.steps)
-        self.optimizer.step(grads, lr)
+        self.optimizer.step(grads, self.optimizer.lr_at(step, self.config.train.steps))
         self.model.clamp_()
         if self.config.train.reinit.enabled:
             improved = task_loss < self.best_loss
@@ -292,8 +303,6 @@ class Trainer(Evaluation):
         self._graph = graph
 
     # -- evaluation and re-initialisation ----------------------------------------------------
-
-
     def _diverged(self) -> Tensor:
         params_ok = torch.stack([torch.isfinite(p).flatten(1).all(1) for p in self.params]).all(0)
         newly = self.alive & ~params_ok
@@ -327,7 +336,6 @@ class Trainer(Evaluation):
     def load_checkpoint(self, ckpt: TrainerCheckpoint) -> None:
         """Continue from ``ckpt`` (`service.training.checkpoint.restore_checkpoint`)."""
         restore_checkpoint(self, ckpt)
-
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, on_eval: Callable[[EvalReport], None] | None = None, *,
@@ -378,26 +386,32 @@ class Trainer(Evaluation):
         every = [t.eval_every] + ([t.reinit.every] if t.reinit.enabled else [])
         return min([t.steps] + [(self.step // k + 1) * k for k in every])
 
-    def result(self, elapsed_s: float) -> RunResult:
-        history = self.history()
-        diverged = self._diverged().cpu().numpy()
-        diverged_at = [int(v) if v >= 0 else None for v in self.diverged_at.cpu().tolist()]
-        final_sparsity = self.model.sparsity_error().detach().cpu().numpy()
-        seeds = per_seed_metrics(history, self.thresholds, self.best_sparsity_error.cpu().numpy(), diverged,
-                                 diverged_at, self.seed_ids, final_sparsity_error=final_sparsity)
-        weights = {k: w.detach().cpu().numpy() for k, w in self.model.weight_matrices().items()}
+    def result(self, elapsed_s: float, member: int | None = None) -> RunResult:
+        """The run's result; with ``member``, that member's alone (its seeds' rows, its
+        config): what the member trained on its own returns (`service.training.packing`)."""
+        rows = slice(None) if member is None else self.settings.slices[member]
+        config = self.config if member is None else self.settings.members[member]
+        history = self.history().seeds(rows)
+        diverged = self._diverged().cpu().numpy()[rows]
+        diverged_at = [int(v) if v >= 0 else None for v in self.diverged_at[rows].cpu().tolist()]
+        final_sparsity = self.model.sparsity_error().detach().cpu().numpy()[rows]
+        seed_ids = self.seed_ids[rows]
+        seeds = per_seed_metrics(history, self.thresholds, self.best_sparsity_error[rows].cpu().numpy(), diverged,
+                                 diverged_at, seed_ids, final_sparsity_error=final_sparsity)
+        weights = {k: w[rows].detach().cpu().numpy() for k, w in self.model.weight_matrices().items()}
+        state = {k: v[rows] for k, v in self.model.state_dict().items()}
         return RunResult(
-            config=self.config,
+            config=config,
             thresholds=self.thresholds,
             seeds=seeds,
             aggregate=aggregate(seeds),
             history=history,
             weights=weights,
-            reinitialisations=list(self.reinit_counts),
+            reinitialisations=list(self.reinit_counts[rows]),
             elapsed_s=elapsed_s,
             device=str(self.device),
             compiled=self.compiled,
-            params_sha256=params_sha256(self.model.state_dict()),
+            params_sha256=params_sha256(state),
         )
 
 

@@ -92,6 +92,9 @@ class Unit(nn.Module):
 
     name: ClassVar[str]
     Options: ClassVar[type[UnitOptions]] = UnitOptions
+    PACKABLE_OPTIONS: ClassVar[frozenset[str]] = frozenset()
+    """Continuous options that may differ per seed (`set_seed_variants`): read only when a
+    seed is initialised, or, in the forward, through per-seed tensors the unit keeps."""
     noise_stream: int = 0
     """Noise stream of a stochastic unit (the Gumbel gate): give each layer of a model its
     own (e.g. its index) so that two layers never draw the same noise."""
@@ -110,6 +113,43 @@ class Unit(nn.Module):
         self.num_seeds = num_seeds
         self.options = options if options is not None else self.Options()
         self.init = parse_init(init) if isinstance(init, str) else init
+        # per seed (a packed run): options and initialisations of one structure whose
+        # `PACKABLE_OPTIONS` and uniform bounds may differ; None: ``options``/``init`` for all
+        self.seed_options: tuple[UnitOptions, ...] | None = None
+        self.seed_inits: tuple[InitSpec, ...] | None = None
+
+    def set_seed_variants(self, options: Sequence[UnitOptions], inits: Sequence[InitSpec]) -> None:
+        """Give each seed its own options and initialisation (one per seed, all of this
+        unit's structure). Units whose forward reads a `PACKABLE_OPTIONS` field build their
+        per-seed tensors here (`on_seed_variants`), on the parameters' device."""
+        if len(options) != self.num_seeds or len(inits) != self.num_seeds:
+            raise ValueError(f"{len(options)} options / {len(inits)} inits for {self.num_seeds} seeds")
+        self.seed_options, self.seed_inits = tuple(options), tuple(inits)
+        self.on_seed_variants()
+
+    def on_seed_variants(self) -> None:
+        """Hook: build per-seed tensors from `seed_options` (nothing by default)."""
+
+    def seed_rows(self, field: str, value=None) -> Tensor:
+        """``[S]`` float32 of an option per seed (``value(options)`` if given), on the
+        parameters' device: each Python number rounded once to float32."""
+        options = self.seed_options or (self.options,) * self.num_seeds
+        p = next(self.parameters(), None)
+        rows = [value(o) if value is not None else getattr(o, field) for o in options]
+        return torch.tensor(rows, dtype=torch.float64).to(p.device if p is not None else None, torch.float32)
+
+    @contextmanager
+    def _seed_view(self, k: int) -> Iterator[None]:
+        """``options`` and ``init`` are seed ``k``'s inside the block (initialising it)."""
+        if self.seed_options is None or self.seed_inits is None:
+            yield
+            return
+        shared = self.options, self.init
+        self.options, self.init = self.seed_options[k], self.seed_inits[k]
+        try:
+            yield
+        finally:
+            self.options, self.init = shared
 
     # -- parameters -------------------------------------------------------------------
     def seed_parameter(self, *shape: int) -> nn.Parameter:
@@ -124,7 +164,8 @@ class Unit(nn.Module):
         positions = range(self.num_seeds) if seeds is None else seeds
         with torch.no_grad(), _on_host(self):
             for k in positions:
-                self.init_seed_(k, generators[k])
+                with self._seed_view(k):
+                    self.init_seed_(k, generators[k])
 
     def init_seed_(self, k: int, generator: torch.Generator) -> None:
         """Fill the parameters of batch position ``k`` from ``generator``."""

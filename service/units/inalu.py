@@ -41,6 +41,7 @@ class INALU(Unit):
     ``[S, out, in]`` and ``gate`` ``[S, out]``. Exact for ``add`` and ``mul`` (x > 0)."""
 
     name = "inalu"
+    PACKABLE_OPTIONS = frozenset({"gate_init"})
     Options = INALUOptions
     options: INALUOptions
 

@@ -142,6 +142,8 @@ class NALU(Unit):
     """
 
     name = "nalu"
+    PACKABLE_OPTIONS = frozenset({"tau_start", "tau_end", "tau_t0", "tau_t1", "tau_min", "tau_rate",
+                                  "gate_bias_init"})
     Options = NALUOptions
     options: NALUOptions
 
@@ -223,11 +225,26 @@ class NALU(Unit):
             pre = pre * self.gate_sharpness(self.step_of(ctx, x.device))
         return elementwise.sigmoid(pre)  # batch-independent (torch.sigmoid is not)
 
+    def on_seed_variants(self) -> None:
+        """Per-seed rows of the temperature schedule (the scalars of `gate_sharpness`)."""
+        rows = self.seed_rows
+        self._tau_rows = (rows("tau_start"), rows("", lambda o: o.tau_end - o.tau_start),
+                          rows("tau_t0"), rows("", lambda o: float(o.tau_t1 - o.tau_t0)),
+                          rows("", lambda o: -o.tau_rate), rows("tau_min"))
+
     def gate_sharpness(self, step: Tensor) -> Tensor:
-        """The factor on the gate pre-activation at ``step`` (0-d tensor): τ(t) for the
-        linear schedule, 1 / T(t) for the exponential one."""
+        """The factor on the gate pre-activation at ``step``: τ(t) for the linear schedule,
+        1 / T(t) for the exponential one; per seed ``[S, 1, 1]`` once the unit has per-seed
+        options (`set_seed_variants`, as every trainer sets), else a 0-d tensor."""
         o = self.options
         t = step.to(torch.float32)
+        if self.seed_options is not None:
+            start, delta, t0, span, neg_rate, floor = self._tau_rows
+            if self._temperature == "linear":
+                value = start + delta * ((t - t0) / span).clamp(0.0, 1.0)
+            else:
+                value = 1.0 / torch.maximum(torch.exp(neg_rate * t), floor)
+            return value.view(-1, 1, 1)
         if self._temperature == "linear":
             p = ((t - o.tau_t0) / float(o.tau_t1 - o.tau_t0)).clamp(0.0, 1.0)
             return o.tau_start + (o.tau_end - o.tau_start) * p

@@ -14,7 +14,7 @@ from pydantic import model_validator
 
 from service.frozen import Frozen
 
-_EXP_RATE = 5.0
+EXP_RATE = 5.0
 
 
 class RegularizerSchedule(Frozen):
@@ -64,4 +64,4 @@ class RegularizerSchedule(Frozen):
         p = ((t - self.t_start) / float(self.t_end - self.t_start)).clamp(0.0, 1.0)
         if self.shape == "linear":
             return self.lambda_max * p
-        return self.lambda_max * torch.expm1(_EXP_RATE * p) / math.expm1(_EXP_RATE)
+        return self.lambda_max * torch.expm1(EXP_RATE * p) / math.expm1(EXP_RATE)
