@@ -26,6 +26,19 @@ def node_ip() -> str:
         return "unknown"
 
 
+def gpu_ids() -> str:
+    """The GPUs Ray assigned to this worker, as Ray numbers them on its node (``"0"``,
+    ``"0,1"``; ``"none"`` for a CPU trial, ``"unknown"`` outside Ray). Ray sets
+    ``CUDA_VISIBLE_DEVICES`` to these, so torch's ``cuda:0`` is the first of them."""
+    try:
+        import ray
+
+        ids = ray.get_gpu_ids()
+    except Exception:  # noqa: BLE001 - only a label
+        return "unknown"
+    return ",".join(str(i) for i in ids) or "none"
+
+
 # Ray warns on every start that token authentication is on (or off) for a local cluster,
 # however it was chosen: the setting is kept, the notice only shown with --verbose
 RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
@@ -80,18 +93,38 @@ def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | No
     return True
 
 
+def gpu_request_problem(gpus: float) -> str | None:
+    """Why Ray would refuse ``gpus`` per trial, or None: a fraction finer than 0.0001 (Ray's
+    resource unit), or more than one GPU that is not a whole number (1.5). Any fraction
+    below one is accepted: 0.3 packs three trials on a GPU and leaves the rest unused."""
+    if 0 < gpus < 1e-4:
+        return f"each trial asks for {gpus:g} GPU; Ray counts GPUs in steps of 0.0001"
+    if gpus > 1 and not float(gpus).is_integer():
+        return (f"each trial asks for {gpus:g} GPUs; Ray shares a GPU only below one (0.5, 0.25, ...) "
+                f"and hands out more than one only whole: use {int(gpus)} or {int(gpus) + 1}")
+    return None
+
+
 def check_resources(space: SearchSpace) -> None:
-    """A trial that asks for more than the cluster has would wait forever: say so now."""
+    """A trial that asks for more than the cluster has would wait forever, and one Ray
+    refuses would fail with a cryptic error: say so now. A trial runs on one node, so the
+    largest node must hold it, not only the cluster as a whole."""
     import ray
 
+    problem = gpu_request_problem(space.resources.gpus)
+    if problem:
+        raise UserError(problem)
     total = ray.cluster_resources()
-    cpus, gpus = total.get("CPU", 0.0), total.get("GPU", 0.0)
-    if space.resources.gpus > gpus:
-        raise UserError(f"each trial asks for {space.resources.gpus:g} GPU(s) but the Ray cluster has "
-                        f"{gpus:g}; use --gpus-per-trial 0 (CPU) or a cluster with GPUs")
-    if space.resources.cpus > cpus:
-        raise UserError(f"each trial asks for {space.resources.cpus:g} CPUs but the Ray cluster has "
-                        f"{cpus:g}; lower --cpus-per-trial")
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    for kind, key, asked, hint in (
+            ("GPU(s)", "GPU", space.resources.gpus, "use --gpus-per-trial 0 (CPU) or a cluster with GPUs"),
+            ("CPUs", "CPU", space.resources.cpus, "lower --cpus-per-trial")):
+        in_all, largest = total.get(key, 0.0), max((n.get(key, 0.0) for n in nodes), default=0.0)
+        if asked > in_all:
+            raise UserError(f"each trial asks for {asked:g} {kind} but the Ray cluster has {in_all:g}; {hint}")
+        if asked > largest:
+            raise UserError(f"each trial asks for {asked:g} {kind} but the largest Ray node has {largest:g} "
+                            f"(the cluster {in_all:g} in all) and a trial runs on one node; {hint}")
 
 
 def quiet_libraries(verbose: bool) -> None:

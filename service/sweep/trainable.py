@@ -9,7 +9,7 @@ from typing import Any
 from service.formatting import settings_label
 from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
-from service.sweep.cluster import node_ip
+from service.sweep.cluster import gpu_ids, node_ip
 from service.sweep.searcher import RUN_CONFIGS
 from service.sweep.trial import TrialProgress, regularizer_params, run_trial
 from service.sweep.trial_state import TrialState
@@ -72,7 +72,7 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     tracker = runs.TrialRun.open(
         settings.tracking_uri, settings.experiment_id, settings.parent_run_id,
         trial_key=trial_id, run_name=settings_label(params, list(space.params)), params=logged,
-        tags={store.TAG_SWEEP: settings.sweep, store.TAG_NODE: node_ip()},
+        tags={store.TAG_SWEEP: settings.sweep, store.TAG_NODE: node_ip(), store.TAG_GPU_IDS: gpu_ids()},
     )
     progress = TrialProgress()
     outcome = Outcome.FAILED

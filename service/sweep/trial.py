@@ -30,7 +30,7 @@ from service.scoring.sequence import LONGEST_SOLVED, sequence_metrics
 from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
 from service.sweep.trial_state import TrialState
-from service.tracking.store import TAG_PARAMS_SHA256, Outcome
+from service.tracking.store import TAG_DEVICE, TAG_PARAMS_SHA256, Outcome
 from service.training import EvalReport, Trainer
 from service.training.result import RunResult
 
@@ -156,6 +156,8 @@ def run_trial(
         if index < start:
             continue
         trainer = Trainer(config)
+        if tracker is not None and index == start:  # where it trains: a GPU share Ray gave it is cuda:0
+            tracker.set_tags({TAG_DEVICE: str(trainer.device)})
         offset = index * space.steps
 
         def on_eval(rep: EvalReport, trainer: Trainer = trainer, name: str = task_name,

@@ -193,7 +193,7 @@ def _log_validation(client: Any, view: Any, trial: Any, results: dict[str, Any],
     tags = {
         store.TAG_PARENT: view.run_id, store.TAG_ROLE: ROLE_VALIDATION, store.TAG_SWEEP: view.name,
         TAG_SOURCE_RUN: trial.run_id, TAG_SEED_IDS: f"{seed_ids[0]}-{seed_ids[-1]}", TAG_BATCH: batch,
-        store.TAG_OUTCOME: Outcome.COMPLETED,
+        store.TAG_OUTCOME: Outcome.COMPLETED, store.TAG_DEVICE: next(iter(results.values())).device,
         "mlflow.note.content": (f"validation of {trial.name} ({trial.run_name or trial.name}) on fresh seeds "
                                 f"{seed_ids[0]}..{seed_ids[-1]}: a re-run of that trial's setting, not a trial"),
     }

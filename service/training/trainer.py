@@ -58,11 +58,13 @@ def _isfinite(t: Tensor) -> Tensor:
 
 
 def resolve_device(name: str) -> torch.device:
+    """``cpu``, or the current CUDA device with its index (``cuda:0``: inside a Ray trial,
+    the first GPU Ray assigned, since Ray sets ``CUDA_VISIBLE_DEVICES``)."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for, but torch sees no CUDA device; use --device cpu or auto")
-    return torch.device(name)
+    return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device(name)
 
 
 class Trainer(Evaluation):

@@ -1,7 +1,8 @@
 """docker-compose.yml, Dockerfile and .env.example, checked without a Docker engine:
 the Compose Specification schema (vendored in compose_spec/, see SOURCE.md there) and the
 deployment's own rules — ports on 127.0.0.1 only, no secret literal, healthchecks, a GPU
-reservation for the scalable workers, every variable documented in .env.example."""
+reservation of every GPU for the one worker per host, every variable documented in
+.env.example."""
 
 from __future__ import annotations
 
@@ -153,18 +154,74 @@ def test_every_published_port_is_bound_to_localhost():
         assert "network_mode" not in svc, name  # host networking would bypass the bindings
 
 
-def test_ray_internals_are_not_published_and_workers_scale():
+def test_ray_internals_are_not_published():
     env = env_example()
     head = {target for _, _, target in _published(SERVICES["ray-head"], env)}
     assert head == {"8265", "10001"}  # dashboard / job API and ray:// client, both on 127.0.0.1
     assert not SERVICES["ray-worker"].get("ports")
-    assert "container_name" not in SERVICES["ray-worker"]  # --scale ray-worker=N needs free names
     assert {t for _, _, t in _published(SERVICES["postgres"], env)} == {"5432"}
 
 
-def test_gpu_reservation_and_shared_memory():
-    devices = SERVICES["ray-worker"]["deploy"]["resources"]["reservations"]["devices"]
-    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+# Docker does not split GPUs between the replicas of a service: every replica of a service
+# reserving `count: 1` gets the same first GPU (docker/compose#11863,
+# NVIDIA/nvidia-container-toolkit#521). So a GPU worker owns every GPU of its host and Ray
+# shares them out; more GPUs means more hosts, never `--scale`.
+SCALE_ADVICE = re.compile(r"--scale[\s=]+ray-worker|\bscale:\s*[2-9]|\breplicas:\s*[2-9]")
+
+
+def gpu_devices(svc: dict) -> list[dict]:
+    devices = svc.get("deploy", {}).get("resources", {}).get("reservations", {}).get("devices", [])
+    return [d for d in devices if d.get("driver") == "nvidia" or "gpu" in d.get("capabilities", [])]
+
+
+def gpu_layout_problems(services: dict, texts: dict[str, str]) -> list[str]:
+    """Why the GPU workers would not use every GPU: a reservation of a number of GPUs (each
+    replica would get the same ones), replicas or scaling advice for a GPU service, a
+    `ray start` told to see fewer GPUs than it got. ``texts``: documents to scan for advice
+    to `--scale ray-worker` (the compose file's comments, the README)."""
+    problems = []
+    for name, svc in services.items():
+        for device in gpu_devices(svc):
+            if device.get("count") != "all" and not device.get("device_ids"):
+                problems.append(f"{name}: reserves count: {device.get('count')!r}; reserve count: all "
+                                "(or explicit device_ids), one worker per host")
+            if device.get("count") is not None and device.get("device_ids"):
+                problems.append(f"{name}: count and device_ids together")
+        if gpu_devices(svc):
+            if svc.get("scale", 1) != 1 or svc.get("deploy", {}).get("replicas", 1) != 1:
+                problems.append(f"{name}: more than one replica of a GPU service shares the same GPUs")
+            if any(str(arg).startswith("--num-gpus") for arg in svc.get("command", [])):
+                problems.append(f"{name}: --num-gpus hides GPUs from Ray; `ray start` detects them")
+    for where, text in texts.items():
+        for match in SCALE_ADVICE.finditer(text):
+            problems.append(f"{where}: advises {match.group(0)!r}; replicas of a GPU service share one GPU")
+    return problems
+
+
+def test_one_gpu_worker_per_host_owns_every_gpu():
+    devices = gpu_devices(SERVICES["ray-worker"])
+    assert devices == [{"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]
+    assert [name for name, svc in SERVICES.items() if gpu_devices(svc)] == ["ray-worker"]
+    texts = {"docker-compose.yml": COMPOSE_TEXT, "README.md": (ROOT / "README.md").read_text(),
+             ".env.example": ENV_EXAMPLE.read_text()}
+    assert gpu_layout_problems(SERVICES, texts) == []
+
+
+def test_the_old_scaled_one_gpu_worker_is_caught():
+    old = json.loads(json.dumps(SERVICES))
+    old["ray-worker"]["deploy"]["resources"]["reservations"]["devices"][0]["count"] = 1
+    advice = "docker compose up -d --build --scale ray-worker=2          # 2 GPUs → 2 workers"
+    problems = gpu_layout_problems(old, {"README.md": advice})
+    assert any("reserves count: 1" in p for p in problems), problems
+    assert any("advises '--scale ray-worker'" in p for p in problems), problems
+    old["ray-worker"]["deploy"]["resources"]["reservations"]["devices"][0].update(count=None, device_ids=["0", "1"])
+    assert gpu_layout_problems(old, {}) == []  # explicit GPUs are fine
+    old["ray-worker"]["deploy"]["replicas"] = 2
+    old["ray-worker"]["command"] = [*old["ray-worker"]["command"], "--num-gpus=1"]
+    assert len(gpu_layout_problems(old, {})) == 2
+
+
+def test_shared_memory_and_storage():
     for name in ("ray-head", "ray-worker"):
         assert SERVICES[name].get("shm_size"), name
         mounts = [v.split(":") for v in SERVICES[name]["volumes"]]
