@@ -49,17 +49,15 @@ _GRAPH_WARMUP = 3  # steps run (compiled, uncaptured) before the capture
 
 
 def _isfinite(t: Tensor) -> Tensor:
-    """``torch.isfinite``; eager in two elementwise operations instead of four (``t − t`` is
-    0 for every finite value and NaN for ±inf and NaN: exact in IEEE arithmetic, which a
-    compiler's fast-math may not keep, so compiled code uses ``torch.isfinite``)."""
+    """``torch.isfinite``; eager in two elementwise operations instead of four (``t − t`` is 0
+    for finite t, NaN otherwise: exact in IEEE arithmetic, which compiled fast-math may not keep)."""
     if torch.compiler.is_compiling():
         return torch.isfinite(t)
     return (t - t) == 0
 
 
 def resolve_device(name: str) -> torch.device:
-    """``cpu``, or the current CUDA device with its index (``cuda:0``: inside a Ray trial,
-    the first GPU Ray assigned, since Ray sets ``CUDA_VISIBLE_DEVICES``)."""
+    """``cpu``, or ``cuda:<index>`` (in a Ray trial ``cuda:0``, its GPU: Ray sets CUDA_VISIBLE_DEVICES)."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and not torch.cuda.is_available():
