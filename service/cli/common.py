@@ -4,7 +4,6 @@ and printing that ``status``, ``best``, ``validate`` and ``compare`` have in com
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 from service.cli.app import console
 from service.errors import UserError
@@ -13,7 +12,7 @@ TRACKING_HELP = ("MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlit
                  "working directory).")
 
 
-def tracking_uri_of(option: Optional[str], must_exist: bool, probe: bool = True) -> str:
+def tracking_uri_of(option: str | None, must_exist: bool, probe: bool = True) -> str:
     """The resolved tracking URI; a server it names must answer within the connect timeout
     (`service.endpoints`), a local store must exist when ``must_exist``."""
     from service.endpoints import check_tracking_uri
@@ -30,9 +29,21 @@ def tracking_uri_of(option: Optional[str], must_exist: bool, probe: bool = True)
 
 
 def open_client(uri: str):
+    """A client to read sweeps with (`service.tracking.queries`): for a local SQLite store
+    of a schema it knows, the standard-library reader (`service.tracking.sqlite_reader`:
+    no MLflow import, seconds of CPU less); otherwise an `MlflowClient`. A store MLflow
+    refuses to open (a schema it does not know, …) is a `UserError`."""
+    from service.tracking.sqlite_reader import open_reader
+
+    reader = open_reader(uri)
+    if reader is not None:
+        return reader
     from service.tracking.store import client
 
-    return client(uri)
+    try:
+        return client(uri)
+    except Exception as e:  # noqa: BLE001 - MlflowException: e.g. an out-of-date schema
+        raise UserError(f"cannot read the MLflow tracking store {uri}: {e}") from None
 
 
 def no_such_sweep(name: str, uri: str, known: list[str]) -> UserError:
@@ -49,8 +60,9 @@ def require_sweeps(uri: str, *names: str, client=None) -> None:
     prints or starts anything)."""
     from service.tracking.queries import sweep_names
 
+    client = client or open_client(uri)
     try:
-        known = sweep_names(client or open_client(uri))
+        known = sweep_names(client)
     except Exception as e:  # noqa: BLE001 - an unreachable or refusing tracking store
         raise UserError(f"cannot read the MLflow tracking store {uri}: {e}") from None
     for name in names:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-import numpy as np
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -133,6 +132,8 @@ def run(
 
 def solved_now(report: EvalReport, thresholds: dict[str, float]) -> int:
     """Seeds below every extrapolation threshold at this evaluation (a live hint only)."""
+    import numpy as np
+
     ok = ~report.diverged
     for name, mse in report.extrapolation_mse.items():
         ok &= np.nan_to_num(mse, nan=np.inf) < thresholds[name]
