@@ -30,7 +30,7 @@ from service.sweep.pack import (
 )
 from service.sweep.trial import STEP
 
-_BOARDS: dict[str, SweepBoard] = {}
+_BOARDS: dict[str, "SweepBoard"] = {}
 MAX_ROWS = 16
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import optuna
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
+from service.cli import app
 from service.search.assign import run_configs
 from service.search.loading import parse_space
 from service.sweep import driver
@@ -20,6 +22,7 @@ from service.tracking.queries import load_sweep
 from service.training import Trainer
 
 States = optuna.trial.TrialState
+runner = CliRunner()
 STEPS, EVAL_EVERY, CRASH_AT = 400, 50, 250
 
 
@@ -87,6 +90,11 @@ def test_a_packed_sweep_records_each_member_as_its_own_trial(ray_address, tmp_pa
 
     view = load_sweep(client, "packed")  # what status / best / report read: one row per member
     assert view.counts()["completed"] == 4 and len(view.ranked()) == 4
+    status = runner.invoke(app, ["status", "packed"])
+    assert status.exit_code == 0 and "4/4" in status.output, status.output
+    member = "trial-" + children[0].data.tags[store.TAG_TRIAL_KEY]
+    best = runner.invoke(app, ["best", "packed", "--trial", member, "--format", "yaml"])
+    assert best.exit_code == 0 and f"best packed: {member}" in best.output, best.output
 
 
 @pytest.mark.slow
@@ -137,3 +145,68 @@ def test_a_retried_pack_continues_every_member_from_its_checkpoint(ray_address, 
         assert tags[store.TAG_PARAMS_SHA256] == _alone_digest(space, child)
     checkpoints = list((tmp_path / "runs" / "packed-retry").glob("trial-*/checkpoint_*/member-1/trial_state.pt"))
     assert 1 <= len(checkpoints) <= 2, checkpoints
+
+
+@pytest.mark.slow
+def test_a_packed_sweep_resumes_after_the_driver_is_killed(ray_address, tmp_path):
+    """SIGKILL the driver mid-sweep, then ``--resume``: every member once in MLflow, nothing
+    left RUNNING, and the Optuna study agrees, member by member (the searcher's packs and
+    the rung board come back with Tune's state)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    space_file = tmp_path / "packed.yaml"
+    space = _space("packed-resume", trials=6, concurrency=1, scheduler={
+        "type": "asha", "grace_period": 2 * EVAL_EVERY, "reduction_factor": 2})
+    space_file.write_text(yaml.safe_dump(space.model_dump(mode="json")))
+    study_url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    args = ["sweep", str(space_file), "--optuna-storage", study_url]
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+    driver_process = subprocess.Popen([sys.executable, "-c", "from service.cli import app; app()", *args,
+                                       "--address", ray_address], cwd=tmp_path, env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    client = store.client(store.resolve_tracking_uri(None))
+
+    def finished() -> int:
+        experiment = client.get_experiment_by_name("packed-resume")
+        if experiment is None:
+            return 0
+        return len(client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'"))
+
+    try:
+        deadline = time.monotonic() + 180
+        state = tmp_path / "runs" / "packed-resume"
+        while finished() < 2 or not list(state.glob("experiment_state-*.json")):  # the parent is not finished
+            assert driver_process.poll() is None, driver_process.stdout.read().decode()
+            assert time.monotonic() < deadline, "no pack finished in time"
+            time.sleep(0.5)
+    finally:
+        driver_process.send_signal(signal.SIGKILL)
+        driver_process.wait()
+    assert finished() < 6, "the sweep finished before it could be killed"
+
+    result = runner.invoke(app, [*args, "--resume"])
+    assert result.exit_code == 0, result.output
+    experiment = client.get_experiment_by_name("packed-resume")
+    parent = runs.find_sweep_run(client, experiment.experiment_id, "packed-resume")
+    children = runs.trial_runs(client, experiment.experiment_id, parent.info.run_id)
+    keys = [c.data.tags[store.TAG_TRIAL_KEY] for c in children]
+    assert len(keys) == len(set(keys)) == 6, keys  # every member exactly once
+    assert all(c.info.status == "FINISHED" and c.data.tags[store.TAG_OUTCOME] in ("completed", "pruned")
+               for c in children)
+    assert not client.search_runs([experiment.experiment_id], "attributes.status = 'RUNNING'")
+    study = optuna.load_study(study_name="packed-resume", storage=study_url)
+    assert all(t.state in (States.COMPLETE, States.PRUNED, States.FAIL) for t in study.trials)
+    for child in children:
+        trial = study.trials[int(child.data.tags[store.TAG_OPTUNA_TRIAL])]
+        expected = States.COMPLETE if child.data.tags[store.TAG_OUTCOME] == "completed" else States.PRUNED
+        assert trial.state == expected and trial.params["lr"] == pytest.approx(float(child.data.params["lr"]))
+        if expected == States.COMPLETE:
+            assert trial.value == child.data.metrics["objective"]
+    assert len([t for t in study.trials if t.state != States.FAIL]) == 6
