@@ -9,7 +9,7 @@ import optuna
 import pytest
 
 from service.search.assign import run_configs
-from service.search.loading import parse_space
+from service.search.loading import load_space, parse_space
 from service.search.packing import packable_params
 from service.search.sampler import DefineByRun
 from service.search.space import SearchSpaceError
@@ -27,10 +27,12 @@ from service.sweep.pack_search import PACK_MEMBERS, PackedOptunaSearch
 from service.sweep.searcher import RUN_CONFIGS, make_sampler
 from service.sweep.trial import STEP, params_digest, run_trial
 from service.tracking.store import TAG_PARAMS_SHA256
+from service.training.packing import structure_key
 
 TASK = {"kind": "small_mul", "eval_samples": 200, "threshold_samples": 10_000}
 LRS = (0.02, 0.05, 0.2)
 States = optuna.trial.TrialState
+SPACES = Path(__file__).resolve().parents[2] / "search_spaces"
 
 
 def _space(**extra):
@@ -213,3 +215,20 @@ def test_what_may_differ_within_a_pack_and_the_default_is_unchanged():
     assert packable_params(space) == {"lr", "momentum"}
     assert '"pack": 3' in space.spec_json()
     assert '"pack"' not in _space(pack=1).spec_json()  # spaces from before packing keep their hash
+
+
+@pytest.mark.parametrize("path", [p for p in sorted(SPACES.glob("*.yaml")) if "pack:" in p.read_text()],
+                         ids=lambda p: p.stem)
+def test_the_packs_of_a_shipped_space_share_their_structure(path, tmp_path):
+    """Every pack the searcher builds is full: no member had to be set aside because its
+    run configs' `structure_key` differs from its first member's."""
+    space = load_space(path)
+    assert space.pack > 1
+    searcher = _searcher(space, f"sqlite:///{tmp_path / 'optuna.db'}", planned=3 * space.pack)
+    for trial_id in "abc":
+        members = searcher.suggest(trial_id)[PACK_MEMBERS]
+        assert len(members) == space.pack
+        assert len({structure_key(c) for m in members for c in m[RUN_CONFIGS].values()}) == len(space.task_configs())
+        for name in set(space.params) - packable_params(space):
+            assert len({str(m["params"].get(name)) for m in members}) == 1, name
+    assert searcher.suggest("d") == searcher.FINISHED
