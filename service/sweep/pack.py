@@ -16,6 +16,7 @@ for the whole pack, with each member's metrics and state under `MEMBERS`.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +142,7 @@ def run_pack(
         scores.append(TaskScores.start(space, m.progress, own))
     tasks = list(members[0].configs)
     start = resume.task_index if resume is not None else 0
+    closing: list[threading.Thread] = []  # the runs of pruned members, being closed
 
     def result(step: int) -> dict[str, Any]:
         out: dict[str, Any] = {OBJECTIVE: max((m.metrics[OBJECTIVE] for m in members if m.metrics), default=0.0),
@@ -188,8 +190,9 @@ def run_pack(
                 if m.number in stopped:
                     m.state = PRUNED
                     trainer.drop([ev.index])
-                    if m.tracker is not None:
-                        m.tracker.close(Outcome.PRUNED)
+                    if m.tracker is not None:  # beside the training: closing waits for the server
+                        closing.append(threading.Thread(target=m.tracker.close, args=(Outcome.PRUNED,)))
+                        closing[-1].start()
             checkpoints = {live[ev.index].index: ev.report.checkpoint for ev in evals if ev.report.checkpoint}
             emit(offset + step, state_at(index, offset + step, checkpoints) if checkpoints else None)
 
@@ -213,4 +216,6 @@ def run_pack(
             finish_trial(m.tracker, m.progress, m.params, m.metrics, step)
             m.state = DONE
         report(result(step))
+    for thread in closing:
+        thread.join()
     return members
