@@ -148,16 +148,10 @@ def test_a_retried_pack_continues_every_member_from_its_checkpoint(ray_address, 
 
 
 @pytest.mark.slow
-def test_a_packed_sweep_resumes_after_the_driver_is_killed(ray_address, tmp_path):
+def test_a_packed_sweep_resumes_after_the_driver_is_killed(ray_address, tmp_path, driver_killed_when):
     """SIGKILL the driver mid-sweep, then ``--resume``: every member once in MLflow, nothing
     left RUNNING, and the Optuna study agrees, member by member (the searcher's packs and
     the rung board come back with Tune's state)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
     import yaml
 
     space_file = tmp_path / "packed.yaml"
@@ -166,29 +160,15 @@ def test_a_packed_sweep_resumes_after_the_driver_is_killed(ray_address, tmp_path
     space_file.write_text(yaml.safe_dump(space.model_dump(mode="json")))
     study_url = f"sqlite:///{tmp_path / 'optuna.db'}"
     args = ["sweep", str(space_file), "--optuna-storage", study_url]
-    repo = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
-    driver_process = subprocess.Popen([sys.executable, "-c", "from service.cli import app; app()", *args,
-                                       "--address", ray_address], cwd=tmp_path, env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     client = store.client(store.resolve_tracking_uri(None))
 
-    def finished() -> int:
+    def finished() -> int:  # the parent run finishes last
         experiment = client.get_experiment_by_name("packed-resume")
         if experiment is None:
             return 0
         return len(client.search_runs([experiment.experiment_id], "attributes.status = 'FINISHED'"))
 
-    try:
-        deadline = time.monotonic() + 180
-        state = tmp_path / "runs" / "packed-resume"
-        while finished() < 2 or not list(state.glob("experiment_state-*.json")):  # the parent is not finished
-            assert driver_process.poll() is None, driver_process.stdout.read().decode()
-            assert time.monotonic() < deadline, "no pack finished in time"
-            time.sleep(0.5)
-    finally:
-        driver_process.send_signal(signal.SIGKILL)
-        driver_process.wait()
+    driver_killed_when(args, tmp_path, ray_address, lambda: finished() >= 2)
     assert finished() < 6, "the sweep finished before it could be killed"
 
     result = runner.invoke(app, [*args, "--resume"])
