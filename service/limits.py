@@ -14,6 +14,8 @@ MAX_SAMPLES = 100_000_000
 """Evaluation samples and samples of the success-threshold simulation."""
 MAX_TRIALS = 100_000
 MAX_CONCURRENCY = 10_000
+MAX_PACK = 1_000
+"""Trials of a sweep trained as one computation (`pack`)."""
 MAX_RETRIES = 1_000
 MAX_CPUS = 10_000
 MAX_GPUS = 1_000

@@ -114,6 +114,7 @@ def sweep(
     steps: Optional[int] = typer.Option(None, help="Training steps per seed (default: the file's)."),
     eval_every: Optional[int] = typer.Option(None, help="Evaluate and report every k steps (default: the file's)."),
     concurrency: Optional[int] = typer.Option(None, help="Trials running at once (default: the file's)."),
+    pack: Optional[int] = typer.Option(None, help="Train up to K trials as one computation (default: the file's, 1)."),
     cpus_per_trial: Optional[float] = typer.Option(None, help="CPUs reserved per trial (torch uses as many threads)."),
     gpus_per_trial: Optional[float] = typer.Option(None, help="GPUs per trial; fractions share a GPU, e.g. 0.25."),
     name: Optional[str] = typer.Option(None, help="Sweep name: MLflow experiment and Ray experiment directory (default: the file's 'name')."),
@@ -152,7 +153,7 @@ def sweep(
         space = load_space(space_file).with_overrides(
             f"{space_file} with the command-line options",
             trials=trials, seeds=seeds, steps=steps, eval_every=eval_every, concurrency=concurrency,
-            cpus=cpus_per_trial, gpus=gpus_per_trial,
+            cpus=cpus_per_trial, gpus=gpus_per_trial, pack=pack,
         )
         sweep_name = space.name if name is None else name
         require_sweep_name(sweep_name, f"{space_file}: name")
@@ -167,8 +168,9 @@ def sweep(
             address=address, resume=resume, verbose=verbose, optuna_storage=optuna_storage,
             keep_ray=validate is not None,
         )
-        console.print(f"sweep [bold]{sweep_name}[/]: {space.trials} trials × {space.seeds} seeds × "
-                      f"{space.steps} steps, {space.concurrency} at a time; tracking {redact(options.tracking_uri)}",
+        packs = f" (in packs of {space.pack})" if space.pack > 1 else ""
+        console.print(f"sweep [bold]{sweep_name}[/]: {space.trials} trials × {space.seeds} seeds × {space.steps} "
+                      f"steps, {space.concurrency} at a time{packs}; tracking {redact(options.tracking_uri)}",
                       highlight=False)
         summary = run_sweep(space, options, console)
     except UserError as e:

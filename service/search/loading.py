@@ -20,6 +20,7 @@ from service.errors import (
     is_internal_loc,
     unknown_key_message,
 )
+from service.search.packing import pack_problems
 from service.search.space import (
     DISTRIBUTIONS,
     CategoricalParam,
@@ -252,7 +253,7 @@ def parse_space(data: Any, source: str = "search space") -> SearchSpace:
     except ValidationError as e:
         lines = [f"{source}: {where}: {msg}" for where, msg in _describe(e, data)]
         raise SearchSpaceError("\n".join(lines)) from None
-    problems = space.problems() or _config_problems(space)
+    problems = space.problems() or _config_problems(space) or pack_problems(space)
     if problems:
         raise SearchSpaceError("\n".join(f"{source}: {where}: {msg}" for where, msg in problems))
     return space

@@ -194,6 +194,10 @@ class SearchSpace(Frozen):
         "Tune storage, so a retried or resumed trial continues from there; 0: never"
     )
     sampler: SamplerSpec = SamplerSpec()
+    pack: int = Field(
+        1, ge=1, le=limits.MAX_PACK, description="train up to this many trials as one seed-batched computation "
+        "(pack × seeds seeds): they share every setting but the continuous ones (service.search.packing); 1: alone"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -263,7 +267,10 @@ class SearchSpace(Frozen):
 
     def spec_json(self) -> str:
         """The resolved spec as canonical JSON (what the sweep actually runs)."""
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, indent=1)
+        data = self.model_dump(mode="json")
+        if data.get("pack") == 1:  # the default: a space from before packing keeps its hash
+            del data["pack"]
+        return json.dumps(data, sort_keys=True, indent=1)
 
     def spec_hash(self) -> str:
         return hashlib.sha256(self.spec_json().encode()).hexdigest()[:16]
@@ -297,6 +304,9 @@ class SearchSpace(Frozen):
             out.extend(_param_problems(self, name, p))
         if self.sampler.type == "grid":
             out.extend(self._grid_problems())
+        if self.pack > 1 and self.pack * self.seeds > limits.MAX_SEEDS:
+            out.append(("pack", (f"pack × seeds ({self.pack} × {self.seeds}) must be ≤ {limits.MAX_SEEDS}, "
+                                 "the seeds one computation may train")))
         if not out:
             out.extend(self._cycle_problems())
         return out

@@ -20,6 +20,14 @@ from rich.text import Text
 
 from service.formatting import fmt_param
 from service.scoring.objective import OBJECTIVE
+from service.sweep.pack import (
+    DONE,
+    PACK_MEMBERS,
+    PRUNED,
+    STATE,
+    member_key,
+    member_results,
+)
 from service.sweep.trial import STEP
 
 _BOARDS: dict[str, "SweepBoard"] = {}
@@ -73,13 +81,33 @@ class SweepBoard:
         """The searched values of a Tune config (not the run configs the driver adds)."""
         return {k: v for k, v in params.items() if not (k.startswith("__") and k.endswith("__"))}
 
+    def _lines(self, trial_id: str, config: dict[str, Any]) -> list[TrialLine]:
+        """The lines of a Tune trial: one, or one per member of a pack (`service.sweep.pack`)."""
+        members = config.get(PACK_MEMBERS)
+        if members is None:
+            return [self.trials.setdefault(trial_id, TrialLine(trial_id, self._shown(config)))]
+        return [self.trials.setdefault(key, TrialLine(key, dict(m["params"])))
+                for key, m in ((member_key(trial_id, i), m) for i, m in enumerate(members))]
+
     def trial_started(self, trial_id: str, params: dict[str, Any]) -> None:
-        line = self.trials.setdefault(trial_id, TrialLine(trial_id, self._shown(params)))
-        line.state = "running"
+        for line in self._lines(trial_id, params):
+            line.state = "running"
         self._refresh()
 
     def trial_result(self, trial_id: str, params: dict[str, Any], result: dict[str, Any]) -> None:
-        line = self.trials.setdefault(trial_id, TrialLine(trial_id, self._shown(params)))
+        lines = self._lines(trial_id, params)
+        if PACK_MEMBERS not in params:
+            self._update(lines[0], result)
+        for index, shown in member_results(result).items():
+            line = self.trials.setdefault(member_key(trial_id, index), TrialLine(member_key(trial_id, index), {}))
+            if line.ended is None:
+                self._update(line, shown)
+                if shown.get(STATE) in (DONE, PRUNED):
+                    line.state, line.ended = "done" if shown[STATE] == DONE else "pruned", time.monotonic()
+        self._refresh()
+
+    @staticmethod
+    def _update(line: TrialLine, result: dict[str, Any]) -> None:
         line.state = "running"
         line.last_result = dict(result)
         line.step = int(result.get(STEP, line.step) or 0)
@@ -88,17 +116,18 @@ class SweepBoard:
             line.successes, line.n_seeds = int(result["successes"]), int(result["n_seeds"])
         if "success_ci_low" in result and "success_ci_high" in result:
             line.ci = (float(result["success_ci_low"]), float(result["success_ci_high"]))
-        self._refresh()
 
     def trial_finished(self, trial_id: str, params: dict[str, Any], error: bool = False) -> None:
-        line = self.trials.setdefault(trial_id, TrialLine(trial_id, self._shown(params)))
-        if error:
-            line.state = "failed"
-        else:
-            line.state = "done" if line.step >= self.total_steps else "pruned"
-        line.ended = time.monotonic()
-        if self._live is None and self.console is not None and not self._use_live:
-            self.console.print(self._line_text(line), highlight=False)
+        for line in self._lines(trial_id, params):
+            if line.ended is not None and PACK_MEMBERS in params:
+                continue  # a member that finished before its pack
+            if error:
+                line.state = "failed"
+            else:
+                line.state = "done" if line.step >= self.total_steps else "pruned"
+            line.ended = time.monotonic()
+            if self._live is None and self.console is not None and not self._use_live:
+                self.console.print(self._line_text(line), highlight=False)
         self._refresh()
 
     def _refresh(self) -> None:

@@ -12,6 +12,9 @@
   its own run (see `service.tracking.runs.TrialRun`).
 - Trials checkpoint to the Tune storage (`service.sweep.trial_state`); a retried or
   resumed trial continues from its latest checkpoint instead of starting over.
+- With ``pack: K > 1`` a Tune trial is a pack of up to K Optuna trials trained as one
+  computation (`service.sweep.pack_search`, `service.sweep.pack`); Tune's scheduler is
+  FIFO and ASHA judges each member on the sweep's rung board (`service.sweep.rungs`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from service.sweep.display import (
     unregister_board,
 )
 from service.sweep.outcome import record_end, tune_trials
+from service.sweep.rungs import release_board
 from service.sweep.searcher import check_study, make_sampler, optuna_storage
 from service.sweep.trainable import TrialSettings, make_trainable
 from service.sweep.trial import task_params
@@ -103,20 +107,26 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
+    from service.sweep.pack_search import PackedOptunaSearch, rung_spec
     from service.sweep.searcher import ResumableOptunaSearch
 
     study: dict[str, Any] = {}
     if options.optuna_storage:
         study = {"storage": optuna_storage(options.optuna_storage), "study_name": options.name}
-    searcher = ResumableOptunaSearch(space=DefineByRun(space), metric=OBJECTIVE, mode="max",
-                                     sampler=make_sampler(space), **study)
-    if space.scheduler.type == "asha":
+    args = dict(space=DefineByRun(space), metric=OBJECTIVE, mode="max", sampler=make_sampler(space), **study)
+    if space.pack > 1:  # packs of trials; ASHA judges each member itself (service.sweep.rungs)
+        searcher = PackedOptunaSearch(pack=space.pack, planned=space.trials, rungs=rung_spec(space, options.name),
+                                      **args)
+        scheduler = FIFOScheduler()
+    elif space.scheduler.type == "asha":
+        searcher = ResumableOptunaSearch(**args)
         scheduler = ASHAScheduler(
             time_attr="training_iteration", metric=OBJECTIVE, mode="max",
             max_t=space.total_reports(), grace_period=space.grace_reports(),
             reduction_factor=space.scheduler.reduction_factor, brackets=space.scheduler.brackets,
         )
     else:
+        searcher = ResumableOptunaSearch(**args)
         scheduler = FIFOScheduler()
     resources = {"cpu": space.resources.cpus, "gpu": space.resources.gpus}
     return tune.Tuner(
@@ -206,7 +216,8 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
                     "scheduler": space.scheduler.type, "objective": space.objective,
                     "sampler": space.sampler.type, "cpus_per_trial": space.resources.cpus,
                     "gpus_per_trial": space.resources.gpus,
-                    "searched": ", ".join(space.params) or "(none)", "tasks": ", ".join(space.task_configs())},
+                    "searched": ", ".join(space.params) or "(none)", "tasks": ", ".join(space.task_configs()),
+                    **({"pack": space.pack} if space.pack > 1 else {})},
         )
     settings = TrialSettings(
         space=space.model_dump(mode="json"), task_params=task_params(space), sweep=options.name,
@@ -214,7 +225,7 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
         threads=max(1, int(space.resources.cpus)) if space.resources.gpus == 0 else 1,
     )
     board = SweepBoard(options.name, space.trials, space.steps * len(space.task_configs()), console,
-                       concurrency=space.concurrency)
+                       concurrency=space.concurrency * space.pack)
     register_board(board)
     outcome = Outcome.FAILED
     grid = None
@@ -238,6 +249,7 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
     finally:
         board.stop()
         unregister_board(board)
+        release_board(options.name)
         trials = tune_trials(grid, board, space.steps * len(space.task_configs()))
         counts, best, outcome = record_end(client, options, experiment_id, parent_run_id, trials, outcome,
                                             space.trials)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from service.errors import UserError
 from service.formatting import redact
+from service.sweep.pack import DONE, PACK_MEMBERS, PRUNED, STATE, member_key, member_results
 from service.sweep.trial import STEP, is_metric_key
 from service.tracking import runs, store
 from service.tracking.best import record_best
@@ -34,6 +35,9 @@ def tune_trials(grid: Any, board: SweepBoard, total_steps: int) -> dict[str, Tun
     for result in grid or []:
         trial_id = Path(str(result.path)).name.removeprefix("trial-")
         metrics = dict(result.metrics or {})
+        if PACK_MEMBERS in (result.config or {}):
+            out.update(pack_trials(trial_id, len(result.config[PACK_MEMBERS]), metrics, result.error is not None))
+            continue
         if result.error is not None:
             state = "failed"
         else:
@@ -42,6 +46,19 @@ def tune_trials(grid: Any, board: SweepBoard, total_steps: int) -> dict[str, Tun
     for trial_id, line in board.trials.items():
         if line.state != "pending":
             out[trial_id] = TuneTrial(line.state, dict(line.last_result) or out.get(trial_id, TuneTrial("", {})).last_result)
+    return out
+
+
+def pack_trials(trial_id: str, size: int, metrics: dict[str, Any], error: bool) -> dict[str, TuneTrial]:
+    """The members of a pack (`service.sweep.pack`), by trial key, from the pack's last
+    result: each as it reported itself, else failed with the pack (or, as a lone trial
+    that stopped early, pruned)."""
+    members = member_results(metrics)
+    out = {}
+    for index in range(size):
+        shown = members.get(index, {})
+        state = {DONE: "done", PRUNED: "pruned"}.get(shown.get(STATE), "failed" if error else "pruned")
+        out[member_key(trial_id, index)] = TuneTrial(state, shown)
     return out
 
 

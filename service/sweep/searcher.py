@@ -68,10 +68,14 @@ class ResumableOptunaSearch(OptunaSearch):
                 pass
         return config
 
+    def live_numbers(self) -> list[int]:
+        """The Optuna trials this searcher will finish (the rest of the RUNNING ones were
+        abandoned by a driver that died)."""
+        return [t.number for t in self._ot_trials.values()]
+
     def restore(self, checkpoint_path: str) -> None:
         super().restore(checkpoint_path)
-        known = [t.number for t in self._ot_trials.values()]
-        failed = fail_abandoned_trials(self._ot_study, known)
+        failed = fail_abandoned_trials(self._ot_study, self.live_numbers())
         if failed:
             logger.warning("Optuna trial(s) %s were started by the interrupted driver after Tune's "
                            "last snapshot; marked FAIL", failed)

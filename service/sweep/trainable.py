@@ -1,5 +1,6 @@
 """The trial as Ray Tune runs it, inside a worker: open (or reopen) its MLflow run, resume
-from its latest checkpoint, train, and close the run with the right outcome."""
+from its latest checkpoint, train, and close the run with the right outcome; or, with
+``pack > 1``, the same for every trial of a pack (`execute_pack`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,16 @@ from service.formatting import settings_label
 from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
 from service.sweep.cluster import gpu_ids, node_ip
+from service.sweep.pack import (
+    DONE,
+    PACK_MEMBERS,
+    RUNNING,
+    Member,
+    PackState,
+    member_key,
+    run_pack,
+)
+from service.sweep.rungs import find_board
 from service.sweep.searcher import RUN_CONFIGS
 from service.sweep.trial import TrialProgress, regularizer_params, run_trial
 from service.sweep.trial_state import TrialState
@@ -35,13 +46,46 @@ class TrialSettings:
 
 
 def make_trainable(settings: TrialSettings):
-    """The Tune function trainable (a closure over ``settings``, pickled by value)."""
+    """The Tune function trainable (a closure over ``settings``, pickled by value): one
+    trial, or with ``pack > 1`` one pack of trials (`execute_pack`)."""
+    execute = execute_pack if settings.space.get("pack", 1) > 1 else execute_trial
 
     def nalu_sweep_trial(config: dict[str, Any]) -> None:
-        execute_trial(config, settings)
+        execute(config, settings)
 
     nalu_sweep_trial.__name__ = TRAINABLE_NAME
     return nalu_sweep_trial
+
+
+def _open_run(settings: TrialSettings, space: SearchSpace, trial_key: str, params: dict[str, Any],
+              configs: dict[str, Any] | None, tags: dict[str, str] | None = None) -> runs.TrialRun:
+    """Open (or reopen) a trial's MLflow child run, named by its settings, with its searched,
+    task and regulariser parameters."""
+    logged = {**params, **settings.task_params, **(regularizer_params(configs) if configs else {})}
+    return runs.TrialRun.open(
+        settings.tracking_uri, settings.experiment_id, settings.parent_run_id,
+        trial_key=trial_key, run_name=settings_label(params, list(space.params)), params=logged,
+        tags={store.TAG_SWEEP: settings.sweep, store.TAG_NODE: node_ip(), store.TAG_GPU_IDS: gpu_ids(), **(tags or {})},
+    )
+
+
+def _report_checkpoint(metrics: dict[str, Any], state: TrialState | PackState) -> None:
+    """`tune.report` with a checkpoint: ``state`` saved to a temporary directory that Tune
+    copies to the sweep's storage."""
+    import tempfile
+
+    from ray import tune
+
+    with tempfile.TemporaryDirectory(prefix="nalu-sweep-checkpoint-") as tmp:
+        state.save(tmp)
+        tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
+
+
+def _buildable_configs(space: SearchSpace, params: dict[str, Any]) -> dict[str, Any] | None:
+    try:
+        return run_configs(space, params)
+    except Exception:  # noqa: BLE001 - the trial then fails in its own run, where it is recorded
+        return None
 
 
 def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
@@ -52,8 +96,6 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     A retried or resumed trial gets its latest checkpoint from `tune.get_checkpoint` and
     continues from it (tagged ``nalu_sweep.resumed_from_step``); checkpoints are written to
     a temporary directory that `tune.report` copies to the sweep's storage."""
-    import tempfile
-
     import torch
     from ray import tune
 
@@ -62,29 +104,10 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     torch.set_num_threads(settings.threads)
     space = SearchSpace.model_validate(settings.space)  # checked in full by the driver
     params = active_params(space, {k: v for k, v in config.items() if k in space.params})
-    configs = config.get(RUN_CONFIGS)
-    if configs is None:  # the driver could not build them: `run_trial` raises in the trial's own run
-        try:
-            configs = run_configs(space, params)
-        except Exception:  # noqa: BLE001
-            configs = None
-    logged = {**params, **settings.task_params, **(regularizer_params(configs) if configs else {})}
-    tracker = runs.TrialRun.open(
-        settings.tracking_uri, settings.experiment_id, settings.parent_run_id,
-        trial_key=trial_id, run_name=settings_label(params, list(space.params)), params=logged,
-        tags={store.TAG_SWEEP: settings.sweep, store.TAG_NODE: node_ip(), store.TAG_GPU_IDS: gpu_ids()},
-    )
+    configs = config.get(RUN_CONFIGS) or _buildable_configs(space, params)
+    tracker = _open_run(settings, space, trial_id, params, configs)
     progress = TrialProgress()
     outcome = Outcome.FAILED
-
-    def report(metrics: dict[str, float]) -> None:
-        tune.report(metrics)
-
-    def report_checkpoint(metrics: dict[str, float], state: TrialState) -> None:
-        with tempfile.TemporaryDirectory(prefix="nalu-sweep-checkpoint-") as tmp:
-            state.save(tmp)
-            tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(tmp))
-
     try:
         resume = None
         checkpoint = tune.get_checkpoint()
@@ -92,8 +115,8 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
             with checkpoint.as_directory() as directory:
                 resume = TrialState.load(directory, configs or run_configs(space, params))
             tracker.set_tags({store.TAG_RESUMED_FROM: str(resume.step)})
-        run_trial(params, space, report, configs=configs, tracker=tracker, progress=progress,
-                  resume=resume, report_checkpoint=report_checkpoint)
+        run_trial(params, space, tune.report, configs=configs, tracker=tracker, progress=progress,
+                  resume=resume, report_checkpoint=_report_checkpoint)
         outcome = Outcome.COMPLETED
     except SystemExit:  # Tune's way of stopping a trial from inside `tune.report`
         outcome = Outcome.COMPLETED if progress.completed else Outcome.PRUNED
@@ -104,3 +127,66 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     finally:
         tracker.close(outcome)
 
+
+def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
+    """A pack of trials (`service.sweep.pack`): each member's MLflow run opened (or reopened)
+    and closed as its own trial's; a member ASHA stops is judged by the sweep's rung board
+    (`service.sweep.rungs`) and closed as pruned inside `run_pack`; whatever ends the pack
+    closes the runs still open (failed on an exception, when Tune may retry the pack).
+
+    A retried or resumed pack continues from its latest `PackState`: members pruned before
+    it stay closed, the others continue from their own trainer checkpoints."""
+    import ray
+    import torch
+    from ray import tune
+
+    trial_id = tune.get_context().get_trial_id()
+    torch.set_num_threads(settings.threads)
+    space = SearchSpace.model_validate(settings.space)
+    members = []
+    for index, m in enumerate(config[PACK_MEMBERS]):
+        params = active_params(space, m["params"])
+        members.append(Member(index, int(m["number"]), params,
+                              m.get(RUN_CONFIGS) or _buildable_configs(space, params)))
+    resume, problem = None, None
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is not None and all(m.configs for m in members):
+        try:
+            with checkpoint.as_directory() as directory:
+                resume = PackState.load(directory, [m.configs for m in members])
+        except Exception as e:  # noqa: BLE001 - recorded in the members' runs below
+            problem = e
+    for m in members:
+        if resume is None or resume.states[m.index] == RUNNING:
+            m.tracker = _open_run(settings, space, member_key(trial_id, m.index), m.params, m.configs, {
+                store.TAG_PACK_GROUP: trial_id, store.TAG_PACK_INDEX: str(m.index),
+                store.TAG_OPTUNA_TRIAL: str(m.number)})
+            if resume is not None:
+                m.tracker.set_tags({store.TAG_RESUMED_FROM: str(resume.step)})
+    try:
+        if problem is not None:
+            raise problem
+        for m in members:
+            m.configs = m.configs or run_configs(space, m.params)
+        judge = None
+        if space.scheduler.type == "asha":
+            rungs = find_board(settings.sweep)
+
+            def judge(iteration: int, values: dict[int, float]) -> list[int]:
+                return ray.get(rungs.judge.remote(iteration, values))
+
+        run_pack(members, space, tune.report, judge=judge, resume=resume, report_checkpoint=_report_checkpoint)
+    except SystemExit:  # Tune stopped the pack (the sweep is ending): as for a lone trial
+        for m in members:
+            if m.tracker is not None:
+                m.tracker.close(Outcome.COMPLETED if m.state == DONE else Outcome.PRUNED)
+        raise
+    except Exception as e:
+        for m in members:
+            if m.tracker is not None and m.state == RUNNING:
+                m.tracker.set_tags({store.TAG_ERROR: f"{type(e).__name__}: {e}"[:5000]})
+        raise
+    finally:
+        for m in members:
+            if m.tracker is not None:
+                m.tracker.close(Outcome.FAILED)  # no-op for a run closed already

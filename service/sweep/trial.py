@@ -15,9 +15,10 @@ does not start over.
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -110,6 +111,49 @@ def partial_aggregate(trainer: Trainer, report: EvalReport) -> AggregateMetrics:
     return aggregate(seeds)
 
 
+@dataclass
+class TaskScores:
+    """A trial's score so far, task by task: the objective and aggregate of each finished
+    task (and of the task in progress, at an evaluation), combined as the worst task's."""
+
+    space: SearchSpace
+    progress: TrialProgress
+    finals: dict[str, tuple[float, AggregateMetrics]] = field(default_factory=dict)
+
+    @classmethod
+    def start(cls, space: SearchSpace, progress: TrialProgress, resume: TrialState | None) -> TaskScores:
+        scores = cls(space, progress)
+        for name, result in (resume.finished if resume is not None else {}).items():
+            progress.results[name] = result
+            scores.finals[name] = (objective_value(result.aggregate, space.steps, result.thresholds), result.aggregate)
+        return scores
+
+    def partial(self, task: str, agg: AggregateMetrics, thresholds: dict[str, float]) -> dict[str, float]:
+        """The metrics to report at an evaluation of ``task`` (``agg``: its history so far)."""
+        return combine_tasks({**self.finals, task: (objective_value(agg, self.space.steps, thresholds), agg)})
+
+    def finish_task(self, task: str, result: RunResult) -> dict[str, float]:
+        """Record ``task``'s result; the trial's metrics after it."""
+        self.progress.results[task] = result
+        self.finals[task] = (objective_value(result.aggregate, self.space.steps, result.thresholds), result.aggregate)
+        metrics = combine_tasks(self.finals)
+        metrics.update(sequence_metrics({n: (r.config.task, r.seeds) for n, r in self.progress.results.items()}))
+        return metrics
+
+
+def finish_trial(tracker: Tracker | None, progress: TrialProgress, params: dict[str, Any],
+                 metrics: dict[str, float], step: int) -> None:
+    """Log a completed trial's final metrics, parameter digest and artifacts, and close its
+    run (before its last report: the scheduler may stop the trial inside ``report``)."""
+    progress.final_metrics = metrics
+    if tracker is not None:
+        tracker.log_metrics(metrics, step)
+        tracker.set_tags({TAG_PARAMS_SHA256: params_digest(progress.results)})
+        log_trial_artifacts(tracker, progress.results, params)
+        tracker.close(Outcome.COMPLETED)
+    progress.completed = True
+
+
 def run_trial(
     params: dict[str, Any],
     space: SearchSpace,
@@ -133,13 +177,8 @@ def run_trial(
     params = active_params(space, params)
     configs = configs if configs is not None else run_configs(space, params)
     n_tasks = len(configs)
-    finals: dict[str, tuple[float, AggregateMetrics]] = {}
-    start = 0
-    if resume is not None:
-        start = resume.task_index
-        for name, result in resume.finished.items():
-            progress.results[name] = result
-            finals[name] = (objective_value(result.aggregate, space.steps, result.thresholds), result.aggregate)
+    scores = TaskScores.start(space, progress, resume)
+    start = resume.task_index if resume is not None else 0
     checkpoint_every = space.checkpoint_every if report_checkpoint is not None else 0
 
     def emit(metrics: dict[str, float], step: int, to_tune: bool, state: TrialState | None = None) -> None:
@@ -164,33 +203,21 @@ def run_trial(
                     offset: int = offset, index: int = index) -> None:
             if rep.step >= rep.total_steps:
                 return  # the final evaluation is reported from the full result below
-            agg = partial_aggregate(trainer, rep)
-            current = {**finals, name: (objective_value(agg, space.steps, trainer.thresholds), agg)}
+            metrics = scores.partial(name, partial_aggregate(trainer, rep), trainer.thresholds)
             state = None
             if rep.checkpoint is not None:
                 state = TrialState(index, offset + rep.step, dict(progress.results), rep.checkpoint)
-            emit(combine_tasks(current), offset + rep.step, to_tune=rep.step > 0, state=state)
+            emit(metrics, offset + rep.step, to_tune=rep.step > 0, state=state)
 
         resume_from = resume.trainer if resume is not None and index == start else None
         result = trainer.run(on_eval, resume_from=resume_from, checkpoint_every=checkpoint_every)
-        progress.results[task_name] = result
-        finals[task_name] = (objective_value(result.aggregate, space.steps, result.thresholds), result.aggregate)
-        metrics = combine_tasks(finals)
-        metrics.update(sequence_metrics({n: (r.config.task, r.seeds) for n, r in progress.results.items()}))
+        metrics = scores.finish_task(task_name, result)
         step = offset + space.steps
         if index < n_tasks - 1:
             state = TrialState(index + 1, step, dict(progress.results)) if checkpoint_every else None
             emit(metrics, step, to_tune=True, state=state)
             continue
-        # the last report: everything is logged and the run closed before it, since the
-        # scheduler may stop the trial inside `report` even now
-        progress.final_metrics = metrics
-        if tracker is not None:
-            tracker.log_metrics(metrics, step)
-            tracker.set_tags({TAG_PARAMS_SHA256: params_digest(progress.results)})
-            log_trial_artifacts(tracker, progress.results, params)
-            tracker.close(Outcome.COMPLETED)
-        progress.completed = True
+        finish_trial(tracker, progress, params, metrics, step)
         progress.reports += 1
         report({**metrics, STEP: float(step)})
     return progress

@@ -119,3 +119,23 @@ def test_the_wait_for_ray_is_announced(monkeypatch):
     assert init_ray(None, verbose=False, say=said.append) is True
     assert said[0] == "starting a local Ray…"
     assert said[1].startswith("Ray ready in ") and "(2 CPUs)" in said[1]
+
+
+def test_a_pack_shows_one_line_per_member():
+    """With ``pack: K`` a Tune trial is a pack: the board counts and shows its members."""
+    console = Console(record=True, width=160, force_terminal=False)
+    board = SweepBoard("demo", total_trials=3, total_steps=1000, console=console)
+    config = {"__pack__": [{"number": 0, "params": {"lr": 0.01}}, {"number": 1, "params": {"lr": 0.2}},
+                           {"number": 2, "params": {"lr": 0.5}}]}
+    board.trial_started("p", config)
+    assert board.counts() == {"running": 3, "done": 0, "pruned": 0, "failed": 0}
+    board.trial_result("p", config, {"step": 500, "members/0/step": 500, "members/0/state": "running",
+                                     "members/1/step": 500, "members/1/state": "pruned",
+                                     "members/1/objective": 0.1, "members/2/step": 500, "members/2/state": "running"})
+    board.trial_result("p", config, {"step": 1000, "members/0/step": 1000, "members/0/state": "done",
+                                     "members/0/objective": 0.7, "members/0/successes": 3, "members/0/n_seeds": 4,
+                                     "members/1/step": 500, "members/1/state": "pruned"})
+    board.trial_finished("p", config, error=True)  # the pack failed after its first member finished
+    assert {k: t.state for k, t in board.trials.items()} == {"p.0": "done", "p.1": "pruned", "p.2": "failed"}
+    assert board.best().name == "p.0" and board.best().successes == 3
+    assert "lr=0.2" in _text(board)

@@ -3,12 +3,7 @@ sweep, the CLI verbs over its MLflow store, and resuming after the driver was ki
 
 from __future__ import annotations
 
-import os
-import signal
 import sqlite3
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +13,6 @@ from service.cli import app
 from service.tracking import runs, store
 
 SMOKE = str(Path(__file__).resolve().parents[2] / "search_spaces" / "smoke.yaml")
-REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
@@ -107,7 +101,7 @@ def _finished_trials(db: Path) -> int:
 
 
 @pytest.mark.slow
-def test_resume_after_the_driver_is_killed(ray_address, tmp_path):
+def test_resume_after_the_driver_is_killed(ray_address, tmp_path, driver_killed_when):
     """SIGKILL the driver mid-sweep, then ``--resume``: every trial once in MLflow and
     finished, nothing left RUNNING, and the Optuna study (kept in SQLite) agrees: no trial
     RUNNING, one finished Optuna trial per Tune trial, with MLflow's objective."""
@@ -116,20 +110,7 @@ def test_resume_after_the_driver_is_killed(ray_address, tmp_path):
     study_url = f"sqlite:///{tmp_path / 'optuna.db'}"
     args = ["sweep", SMOKE, "--trials", "4", "--seeds", "4", "--steps", "1000", "--name", "resume-e2e",
             "--optuna-storage", study_url]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    driver = subprocess.Popen([sys.executable, "-c", "from service.cli import app; app()", *args,
-                               "--address", ray_address],
-                              cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 180
-        state = tmp_path / "runs" / "resume-e2e"
-        while _finished_trials(tmp_path / "mlflow.db") < 1 or not list(state.glob("experiment_state-*.json")):
-            assert driver.poll() is None, driver.stdout.read().decode()
-            assert time.monotonic() < deadline, "no trial finished in time"
-            time.sleep(0.5)
-    finally:
-        driver.send_signal(signal.SIGKILL)
-        driver.wait()
+    driver_killed_when(args, tmp_path, ray_address, lambda: _finished_trials(tmp_path / "mlflow.db") >= 1)
     assert _finished_trials(tmp_path / "mlflow.db") < 4, "the sweep finished before it could be killed"
 
     result = runner.invoke(app, [*args, "--resume"])

@@ -5,14 +5,12 @@ parameters as an uninterrupted trial (slow: real Ray, Optuna, MLflow)."""
 from __future__ import annotations
 
 import io
-from pathlib import Path
 
 import pytest
 from rich.console import Console
 
 from service.search.loading import parse_space
 from service.sweep import driver
-from service.sweep.trainable import TRAINABLE_NAME
 from service.sweep.trial import params_digest, run_trial
 from service.tracking import runs, store
 
@@ -30,43 +28,12 @@ def _space():
     })
 
 
-def _flaky_trainable(marker: Path):
-    """`make_trainable`, but the first attempt of a trial dies (an exception out of the
-    trainable, as a crashing worker's) right after reporting step `CRASH_AT`; the last
-    checkpoint before it is the one at step 200."""
-
-    def make(settings):
-        def nalu_sweep_trial(config):
-            from unittest import mock
-
-            import ray.tune
-
-            from service.sweep.trainable import execute_trial
-
-            if marker.exists():
-                return execute_trial(config, settings)
-            real_report = ray.tune.report
-
-            def report(metrics, *, checkpoint=None):
-                real_report(metrics, checkpoint=checkpoint)
-                if metrics["step"] >= CRASH_AT:
-                    marker.write_text(str(metrics["step"]))
-                    raise RuntimeError("injected fault after a checkpoint")
-
-            with mock.patch.object(ray.tune, "report", report):
-                execute_trial(config, settings)
-
-        nalu_sweep_trial.__name__ = TRAINABLE_NAME
-        return nalu_sweep_trial
-
-    return make
-
-
 @pytest.mark.slow
-def test_a_retried_trial_continues_from_its_checkpoint(ray_address, tmp_path, monkeypatch):
+def test_a_retried_trial_continues_from_its_checkpoint(ray_address, tmp_path, monkeypatch, crashing_trainable):
     space = _space()
     marker = tmp_path / "crashed"
-    monkeypatch.setattr(driver, "make_trainable", _flaky_trainable(marker))
+    # the first attempt dies right after reporting step CRASH_AT; its last checkpoint is at 200
+    monkeypatch.setattr(driver, "make_trainable", crashing_trainable(marker, CRASH_AT))
     iterations = []
     tune_trials = driver.tune_trials
 

@@ -1,0 +1,174 @@
+"""The Optuna side of a packed sweep (``pack: K``): each Tune trial is a pack of up to K
+Optuna trials, each told its own result.
+
+For a new Tune trial the searcher asks Optuna for a first trial (define-by-run, as for a
+lone trial), then for up to K − 1 more with every parameter that is not packable
+(`service.search.packing.packable_params`) fixed to the first one's values — enqueued
+with `optuna.Study.enqueue_trial`, which define-by-run then honours — so the sampler only
+proposes the continuous settings. A member whose run configs do not share the first
+one's `structure_key` after all is not packed with it: it is kept aside and leads a later
+pack. The searcher hands out exactly ``trials`` Optuna trials, then tells Tune it has
+finished (`Searcher.FINISHED`): Tune's ``num_samples`` is only an upper bound.
+
+Each member's result reaches its own Optuna trial: its objective at every report
+(intermediate values, at Tune's ``training_iteration``), PRUNED when its pack reports it
+stopped, and COMPLETE with its final objective (or FAIL, when the pack failed for good).
+Its state is saved and restored with Tune's (``--resume``); a restore also refills the
+rung board (`service.sweep.rungs`) from the members' intermediate values.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from service.search.assign import active_params, run_configs
+from service.search.packing import packable_params
+from service.search.space import SearchSpace
+from service.sweep.pack import DONE, PACK_MEMBERS, PRUNED, STATE, member_results
+from service.sweep.rungs import RungSpec, board
+from service.sweep.searcher import RUN_CONFIGS, ResumableOptunaSearch
+from service.training.packing import structure_key
+
+logger = logging.getLogger(__name__)
+
+def rung_spec(space: SearchSpace, sweep: str) -> RungSpec | None:
+    """The per-member ASHA of a packed sweep (Tune's ASHA settings), or None without ASHA."""
+    if space.scheduler.type != "asha":
+        return None
+    return RungSpec(name=sweep, grace=space.grace_reports(), max_t=space.total_reports(),
+                    reduction_factor=space.scheduler.reduction_factor, brackets=space.scheduler.brackets)
+
+
+class PackedOptunaSearch(ResumableOptunaSearch):
+    """`ResumableOptunaSearch` whose Tune trials are packs of Optuna trials (see the module)."""
+
+    def __init__(self, *, pack: int, planned: int, rungs: RungSpec | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._pack, self._planned, self._rungs = pack, planned, rungs
+        self._groups: dict[str, list[Any]] = {}  # Tune trial id -> its members' Optuna trials
+        self._params: dict[int, dict[str, Any]] = {}  # Optuna trial number -> searched values
+        self._keys: dict[int, list[str] | None] = {}  # -> structure keys of its run configs
+        self._spare: list[Any] = []  # asked, not packed with their first member: lead a later pack
+        self._asked = 0
+
+    @property
+    def _sweep_space(self) -> SearchSpace:
+        return self._space.space
+
+    def _ask(self) -> Any:
+        trial = self._ot_study.ask()
+        space = self._sweep_space
+        values = self._suggest_from_define_by_run_func(self._space, trial)
+        params = active_params(space, {k: v for k, v in values.items() if k in space.params})
+        self._asked += 1
+        self._params[trial.number] = params
+        try:
+            self._keys[trial.number] = [structure_key(c) for c in run_configs(space, params).values()]
+        except Exception:  # noqa: BLE001 - the trial fails in its own run, alone
+            self._keys[trial.number] = None
+        return trial
+
+    def _member(self, trial: Any) -> dict[str, Any]:
+        params = self._params[trial.number]
+        member: dict[str, Any] = {"number": trial.number, "params": params}
+        if self._keys[trial.number] is not None:
+            member[RUN_CONFIGS] = run_configs(self._sweep_space, params)
+        return member
+
+    def suggest(self, trial_id: str) -> dict | str | None:
+        if trial_id in self._groups:
+            return {PACK_MEMBERS: [self._member(t) for t in self._groups[trial_id]]}
+        if self._asked >= self._planned and not self._spare:
+            return self.FINISHED
+        if self._rungs is not None and not self._groups:
+            board(self._rungs)  # before the first pack reports
+        leader = self._spare.pop(0) if self._spare else self._ask()
+        members = [leader]
+        if self._keys[leader.number] is not None:
+            for trial in [t for t in self._spare if self._keys[t.number] == self._keys[leader.number]]:
+                if len(members) < self._pack:
+                    members.append(trial)
+                    self._spare.remove(trial)
+            free = packable_params(self._sweep_space)
+            fixed = {k: v for k, v in self._params[leader.number].items() if k not in free}
+            while len(members) < self._pack and self._asked < self._planned:
+                self._ot_study.enqueue_trial(fixed, skip_if_exists=False)
+                trial = self._ask()
+                fits = self._keys[trial.number] == self._keys[leader.number]
+                (members if fits else self._spare).append(trial)
+        for index, trial in enumerate(members):
+            trial.set_user_attr("nalu_sweep.pack_group", trial_id)
+            trial.set_user_attr("nalu_sweep.pack_index", index)
+        self._groups[trial_id] = members
+        return {PACK_MEMBERS: [self._member(t) for t in members]}
+
+    def _is_finished(self, trial: Any) -> bool:
+        return trial.storage.get_trial(trial._trial_id).state.is_finished()
+
+    def _tell(self, trial: Any, value: float | None, state: Any) -> None:
+        try:
+            self._ot_study.tell(trial, value, state=state)
+        except Exception as e:  # noqa: BLE001 - e.g. finished by an earlier driver
+            logger.warning("could not tell Optuna trial %s: %s", trial.number, e)
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        group = self._groups.get(trial_id)
+        if group is None:
+            return super().on_trial_result(trial_id, result)
+        from optuna.exceptions import UpdateFinishedTrialError
+        from optuna.trial import TrialState
+
+        members = member_results(result)
+        for index, trial in enumerate(group):
+            shown = members.get(index)
+            if not shown or self._is_finished(trial):
+                continue
+            try:
+                trial.report(float(shown[self.metric]), int(result["training_iteration"]))
+            except UpdateFinishedTrialError:
+                continue
+            if shown.get(STATE) == PRUNED:
+                self._tell(trial, None, TrialState.PRUNED)
+        return None
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        group = self._groups.get(trial_id)
+        if group is None:
+            return super().on_trial_complete(trial_id, result, error)
+        from optuna.trial import TrialState
+
+        members = member_results(result or {})
+        for index, trial in enumerate(group):
+            if self._is_finished(trial):
+                continue
+            shown = members.get(index, {})
+            if shown.get(STATE) == DONE:
+                self._tell(trial, float(shown[self.metric]), TrialState.COMPLETE)
+            elif shown.get(STATE) == PRUNED or not error:
+                self._tell(trial, None, TrialState.PRUNED)
+            else:
+                self._tell(trial, None, TrialState.FAIL)
+        self._completed_trials.add(trial_id)
+        return None
+
+    def live_numbers(self) -> list[int]:
+        packed = [t.number for members in self._groups.values() for t in members]
+        return super().live_numbers() + packed + [t.number for t in self._spare]
+
+    def restore(self, checkpoint_path: str) -> None:
+        super().restore(checkpoint_path)
+        if self._rungs is None:
+            return
+        import ray
+        from optuna.trial import TrialState
+
+        packed = {t.number for members in self._groups.values() for t in members}
+        records = []
+        for trial in self._ot_study.get_trials(deepcopy=False):
+            values = trial.intermediate_values
+            if trial.number not in packed or not values:
+                continue
+            stopped_at = max(values) if trial.state == TrialState.PRUNED else None
+            records += [(trial.number, it, v, it != stopped_at) for it, v in sorted(values.items())]
+        ray.get(board(self._rungs).restore.remote(records))
