@@ -58,7 +58,7 @@ def run_sweep(args, pack: int, gpus: float, concurrency: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="nalu-throughput-") as tmp:
         path = Path(tmp) / "space.yaml"
         path.write_text(yaml.safe_dump(space(args, pack, gpus, concurrency)))
-        cmd = [sys.executable, "-m", "service.cli", "sweep", str(path), "--tracking-uri",
+        cmd = [sys.executable, "-m", "service", "sweep", str(path), "--tracking-uri",
                f"sqlite:///{tmp}/mlflow.db", "--storage-path", f"{tmp}/runs"]
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         started = time.perf_counter()
