@@ -102,6 +102,9 @@ class BatchedOptimizer:
         self._last = torch.tensor([tables[group_of[tuple(c.betas)]].shape[1] - 1 for c in rows],
                                   dtype=torch.int64, device=device)
         self.state: list[list[Tensor]] = [self._new_state(p) for p in self.params]
+        # the constant rows viewed against each parameter once, not every step
+        self._adam_rows = [self._rows(self.params, v)
+                           for v in (self._one_minus_b1, self._b2, self._one_minus_b2, self._eps)]
 
     def _new_state(self, p: Tensor) -> list[Tensor]:
         n = {"adam": 2, "rmsprop": 1, "sgd": 1}[self.config.name]
@@ -145,12 +148,13 @@ class BatchedOptimizer:
             ms = [st[0] for st in self.state]
             vs = [st[1] for st in self.state]
             per = functools.partial(self._rows, self.params)
-            torch._foreach_lerp_(ms, grads, per(self._one_minus_b1))
-            torch._foreach_mul_(vs, per(self._b2))
-            torch._foreach_addcmul_(vs, torch._foreach_mul(grads, per(self._one_minus_b2)), grads)
+            one_minus_b1, b2, one_minus_b2, eps = self._adam_rows
+            torch._foreach_lerp_(ms, grads, one_minus_b1)
+            torch._foreach_mul_(vs, b2)
+            torch._foreach_addcmul_(vs, torch._foreach_mul(grads, one_minus_b2), grads)
             denom = torch._foreach_sqrt(vs)
             torch._foreach_div_(denom, per(bc2_sqrt))
-            torch._foreach_add_(denom, per(self._eps))
+            torch._foreach_add_(denom, eps)
             step = torch._foreach_mul(ms, per(step_size))
             torch._foreach_div_(step, denom)
             torch._foreach_sub_(self.params, step)
