@@ -47,10 +47,12 @@ def has_report(view: Any) -> bool:
 
 def ui_links(uri: str, base: str) -> list[str]:
     """One runs-table link per sweep in the store, for ``nalu-sweep ui``."""
+    from service.endpoints import check_tracking_uri
     from service.tracking import store
     from service.tracking.links import runs_table_url
 
     try:
+        check_tracking_uri(uri)  # bounded: a server that does not answer must not hold `ui` in retries
         experiments = store.retry(lambda: store.client(uri).search_experiments())
     except Exception:  # noqa: BLE001 - the UI still starts; the links are a convenience
         return []

@@ -104,7 +104,7 @@ def _native_fn():
     return _lib_state["fn"]
 
 
-@torch.compiler.assume_constant_result
+@native.compile_time_constant
 def native_available() -> bool:
     """Whether CPU draws use the compiled C kernel (builds it on first use)."""
     return _lib() is not None

@@ -42,6 +42,8 @@ def gpu_ids() -> str:
 # Ray warns on every start that token authentication is on (or off) for a local cluster,
 # however it was chosen: the setting is kept, the notice only shown with --verbose
 RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+# Ray's system setting (read from the environment by a raylet this process starts)
+RAY_PRESTART = "RAY_prestart_worker_first_driver"
 # Optuna's grid sampler calls `Study.stop` when the grid is used up; outside `optimize`
 # that raises, and Ray logs it as a warning although the trial was told (it is harmless)
 STUDY_STOP_NOISE = "`Study.stop` is supposed to be invoked inside an objective function"
@@ -69,7 +71,11 @@ def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | No
     if ray.is_initialized():
         return False
     package_root = str(Path(service.__file__).resolve().parent.parent)
-    if not address:  # local workers inherit the driver's environment: make `service` importable
+    if not address:
+        # a local raylet would start one idle Python worker per CPU when the driver connects
+        # (~1.5 s of CPU each); the trials' workers start on demand either way
+        os.environ.setdefault(RAY_PRESTART, "0")
+        # local workers inherit the driver's environment: make `service` importable
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if package_root not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])

@@ -60,7 +60,7 @@ def _lib() -> ctypes.CDLL | None:
     return native.load("units", _setup)
 
 
-@torch.compiler.assume_constant_result
+@native.compile_time_constant
 def native_available() -> bool:
     """Whether `linear` can use the native kernel on this machine (builds it on first use;
     it needs AVX2 and FMA)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import pickle
 
 from rich.console import Console
@@ -109,16 +110,19 @@ def test_ray_token_auth_notice_is_dropped_not_other_warnings(monkeypatch):
 def test_the_wait_for_ray_is_announced(monkeypatch):
     import ray
 
-    from service.sweep.cluster import init_ray
+    from service.sweep.cluster import RAY_PRESTART, init_ray
 
     monkeypatch.setenv("PYTHONPATH", "")
+    monkeypatch.delenv(RAY_PRESTART, raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    monkeypatch.setattr(ray, "init", lambda **kwargs: None)  # no Ray is started here
+    prestart: list[str | None] = []  # what a local raylet started now would read
+    monkeypatch.setattr(ray, "init", lambda **kwargs: prestart.append(os.environ.get(RAY_PRESTART)))
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
     said: list[str] = []
     assert init_ray(None, verbose=False, say=said.append) is True
     assert said[0] == "starting a local Ray…"
     assert said[1].startswith("Ray ready in ") and "(2 CPUs)" in said[1]
+    assert prestart == ["0"]  # no idle worker per CPU (~1.5 s of CPU each) at the start
 
 
 def test_a_pack_shows_one_line_per_member():
