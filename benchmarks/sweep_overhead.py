@@ -16,6 +16,7 @@ Usage: python benchmarks/sweep_overhead.py [--trials 2] [--seeds 32] [--steps 20
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -124,6 +125,7 @@ def main() -> None:
         run_walls = runs(root, n, args)
         one = sweep(root, 1, args)
         many = sweep(root, n, args)
+        trained = [json.loads((root / "runs" / f"result{i}.json").read_text())["elapsed_s"] for i in range(n)]
     run_total, per_run = sum(run_walls), sum(run_walls) / n
     over_n, over_1 = many - run_total, one - run_walls[0]
     per_trial = (over_n - over_1) / (n - 1)
@@ -141,6 +143,9 @@ def main() -> None:
           f"sweep({n}) {many_cpu:.1f} → ratio {many_cpu / run_cpu:.2f}; fixed "
           f"{(one_cpu - cpu[0]) - per_trial_cpu:.1f} s, per trial {per_trial_cpu:.1f} s "
           f"({per_trial_cpu / (run_cpu / n):.1%} of a run)")
+    print(f"  training inside each run (its elapsed_s): {', '.join(f'{t:.1f}' for t in trained)} s; the rest of a "
+          f"run (process start, imports, data, writing) {per_run - sum(trained) / n:.1f} s; sweep(1) minus "
+          f"training {one - trained[0]:.1f} s")
     print(f"  one more trial in a sweep: {(many - one) / (n - 1):.1f} s wall, {(many_cpu - one_cpu) / (n - 1):.1f} s CPU "
           f"(a `nalu-sweep run`, process start included: {per_run:.1f} s wall, {run_cpu / n:.1f} s CPU)")
 
