@@ -5,6 +5,15 @@
 seed's data from its stream (C kernel or torch ops, bit-for-bit equal);
 `service.seeding.philox`: the torch-ops Philox (fallback and CUDA path)."""
 
-from service.seeding.streams import SEED_ID_LIMIT, derive_seed, generator_for, stream_key, stream_keys
+from service.seeding.streams import (
+    SEED_ID_LIMIT,
+    derive_seed,
+    generator_for,
+    permute32,
+    seed_generator,
+    stream_key,
+    stream_keys,
+)
 
-__all__ = ["SEED_ID_LIMIT", "derive_seed", "generator_for", "stream_key", "stream_keys"]
+__all__ = ["SEED_ID_LIMIT", "derive_seed", "generator_for", "permute32", "seed_generator", "stream_key",
+           "stream_keys"]

@@ -32,11 +32,13 @@ from service.training.result import RunResult
 if TYPE_CHECKING:
     from service.training.trainer import Trainer
 
-FORMAT = 3
+FORMAT = 4
 """Version of the payload layout; a checkpoint of another version is refused. 2: data and
 noise from Philox4x32-10 streams (a format-1 checkpoint was trained on another generator;
 continuing it would change its trajectory); 3: the per-seed best-evaluation state and the
-final sparsity error were added."""
+final sparsity error were added; 4: initialisation and re-initialisation generators seeded
+by a bijection of the seed id (`seeding.seed_generator`: a format-3 run draws other
+weights)."""
 
 _IGNORED_FIELDS = ("device", "compile", "cuda_graphs")
 """Run-config fields that do not change the trajectory (a run may move device or compile

@@ -28,7 +28,7 @@ from service import native
 from service.config import RunConfig
 from service.scoring.metrics import aggregate, per_seed_metrics
 from service.seeding import generator as rng
-from service.seeding import generator_for, stream_keys
+from service.seeding import seed_generator, stream_keys
 from service.training.checkpoint import (
     TrainerCheckpoint,
     pack_fingerprint,
@@ -95,7 +95,7 @@ class Trainer(Evaluation):
         self.model: BatchedModel = build_model(config, self.num_seeds).to(self.device, self.dtype)
         if packable(config):  # a recurrent model keeps its shared options
             self.model.set_seed_variants(self.settings)
-        self.init_generators = [generator_for(m, "init", s) for m, s in zip(self.master_seeds, self.seed_ids)]
+        self.init_generators = [seed_generator(m, "init", s) for m, s in zip(self.master_seeds, self.seed_ids)]
         self.reinit_counts = [0] * self.num_seeds
         self._reset_positions(list(range(self.num_seeds)))
         self.model.clamp_()
@@ -176,7 +176,7 @@ class Trainer(Evaluation):
         gens = []
         for k in range(self.num_seeds):
             gens.append(self.init_generators[k] if self.reinit_counts[k] == 0 else
-                        generator_for(self.master_seeds[k], "reinit", self.seed_ids[k], self.reinit_counts[k]))
+                        seed_generator(self.master_seeds[k], f"reinit/{self.reinit_counts[k]}", self.seed_ids[k]))
         self.model.reset_parameters(gens, positions)
 
     # -- the step ---------------------------------------------------------------------------
