@@ -240,10 +240,10 @@ def test_trajectory_matches_the_reference(unit: str) -> None:
     worst = int(d.argmax())
     assert float(d.max()) <= 1e-9, f"{unit}: parts from the reference at step {worst} ({float(d[worst]):.3g})"
     if unit in ("nau", "nmu"):
-        # the run does exercise the bounds with λ > 0: the pre-issue-12 gradient there parts it
-        early = 300
-        old = reference_run(units, initial, batches[:early], schedule, wrap=old_form)
-        assert float(distances(ours[:early], old).max()) > 1e-6
+        # the run does exercise the bounds with λ > 0: the pre-issue-12 gradient there parts
+        # it (when depends on the seed's initial weights: NAU reaches a bound after ~700 steps)
+        old = reference_run(units, initial, batches, schedule, wrap=old_form)
+        assert float(distances(ours, old).max()) > 1e-6
 
 
 @pytest.mark.slow  # ~6 s of CPU each
