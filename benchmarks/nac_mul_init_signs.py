@@ -47,7 +47,12 @@ def split_by_signs(data: dict) -> dict[int, tuple[int, int]]:
     counts = initial_positive_counts(cell["config"])
     if len(counts) != len(success):
         raise SystemExit(f"{len(success)} seed outcomes but the config builds {len(counts)} seeds")
-    return {k: (counts.count(k), sum(1 for c, ok in zip(counts, success) if c == k and ok)) for k in (0, 1, 2)}
+    return split_counts(counts, success)
+
+
+def split_counts(positive: list[int], success: list[bool]) -> dict[int, tuple[int, int]]:
+    """``{k: (seeds with k positive initial Ŵ, of them solved)}`` for k = 0, 1, 2."""
+    return {k: (positive.count(k), sum(1 for p, ok in zip(positive, success) if p == k and ok)) for k in (0, 1, 2)}
 
 
 def main(argv: list[str] | None = None) -> dict[int, tuple[int, int]]:

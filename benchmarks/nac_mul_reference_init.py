@@ -32,6 +32,9 @@ from service.config import RunConfig  # noqa: E402
 from service.training import Trainer  # noqa: E402
 from service.units.nac import nac_init_range  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from nac_mul_init_signs import split_counts  # noqa: E402
+
 HIDDEN, INPUTS = 2, 4
 
 
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[int, tuple[int, int]]:
     result = trainer.run()
     positive = [int((w[1][0] > 0).sum()) for w in initial]
     solved = [seed.success for seed in result.seeds]
-    split = {k: (positive.count(k), sum(1 for p, ok in zip(positive, solved) if p == k and ok)) for k in (0, 1, 2)}
+    split = split_counts(positive, solved)
     at = sorted(seed.solved_at for seed in result.seeds if seed.success)
     print(f"NAC• on small_mul from the reference's initial weights of seeds 0-{args.seeds - 1}: "
           f"{sum(solved)}/{args.seeds} solved ({time.perf_counter() - start:.0f} s)")

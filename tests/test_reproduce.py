@@ -14,12 +14,17 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _reproduce():
-    spec = importlib.util.spec_from_file_location("reproduce", ROOT / "benchmarks" / "reproduce.py")
+def _benchmark(name: str):
+    """The script ``benchmarks/NAME.py`` as a module."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
+    sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+def _reproduce():
+    return _benchmark("reproduce")
 
 
 @pytest.mark.slow  # ~10 s (four tiny trainings and the success threshold)
@@ -63,9 +68,7 @@ def test_the_committed_nac_mul_outcomes_follow_the_current_initial_signs(capsys)
     `benchmarks/reproduce_small_mul.json`. The script rebuilds those initial weights with
     the current code: a change of the initialisation makes them another draw than the one
     the committed outcomes came from, and this fails until the reproduction is re-run."""
-    spec = importlib.util.spec_from_file_location("nac_mul_init_signs", ROOT / "benchmarks" / "nac_mul_init_signs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark("nac_mul_init_signs")
     split = module.main([str(ROOT / "benchmarks" / "reproduce_small_mul.json")])
     seeds = sum(n for n, _ in split.values())
     solved = sum(s for _, s in split.values())
@@ -78,19 +81,16 @@ def test_the_committed_nac_mul_outcomes_follow_the_current_initial_signs(capsys)
 def test_the_reference_init_script_trains_from_the_reference_draw(capsys):
     """`benchmarks/nac_mul_reference_init.py` on a tiny budget: the reference's second draw
     (after two ``reset_parameters``) for each seed is what the trainer starts from."""
-    spec = importlib.util.spec_from_file_location("nac_mul_reference_init",
-                                                  ROOT / "benchmarks" / "nac_mul_reference_init.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _benchmark("nac_mul_reference_init")
     import torch
 
     torch.manual_seed(3)
-    first = [torch.empty(2, 4).uniform_(-1, 1) for _ in range(2)] + [torch.empty(1, 2).uniform_(-1, 1) for _ in range(2)]
+    first = torch.empty(2, 4).uniform_(-1, 1)  # the first draw's uniforms, on [-1, 1]
     w1, w2 = module.reference_initial_weights(3)
     assert w1[0].shape == (2, 4) and w2[0].shape == (1, 2)
     assert float(w2[0].abs().max()) > 1.0  # drawn from U[-9.47, 9.47], not the first layer's range
-    # the second draw, not the first: the first draw's uniforms scaled by r would equal it
-    assert not torch.allclose(w1[0] / module.nac_init_range(4, 2), first[0])
+    # the second draw, not the first: the first draw scaled back to [-1, 1] would equal it
+    assert not torch.allclose(w1[0] / module.nac_init_range(4, 2), first)
     split = module.main(["--seeds", "4", "--steps", "20"])
     assert sum(n for n, _ in split.values()) == 4
     assert "from the reference's initial weights of seeds 0-3" in capsys.readouterr().out
