@@ -183,11 +183,11 @@ def test_a_packed_sweep_resumes_after_the_driver_is_killed(ray_address, tmp_path
     children = [c for c in every if c not in abandoned]
     keys = [c.data.tags[store.TAG_TRIAL_KEY] for c in children]
     assert len(keys) == len(set(keys)), keys  # no member twice
-    # a member of such a pack that ASHA had already stopped before the kill keeps its result
-    # (pruned in MLflow and Optuna): it is a real trial, one more than the sweep asked for
-    lost_packs = {c.data.tags[store.TAG_TRIAL_KEY].rsplit(".", 1)[0] for c in abandoned}
-    early = [c for c in children if c.data.tags[store.TAG_TRIAL_KEY].rsplit(".", 1)[0] in lost_packs]
-    assert len(keys) - len(early) == 6, keys  # every member of the restored sweep exactly once
+    # How many members run in all depends on when the kill lands: a member ASHA pruned
+    # before it keeps its result even when its pack is abandoned, and the restored sweep
+    # asks Optuna for replacements, so it may run more than `trials`, never fewer. That
+    # each one is recorded once, in MLflow and Optuna alike, is checked below.
+    assert len(keys) >= 6, keys
     assert all(c.info.status == "FINISHED" and c.data.tags[store.TAG_OUTCOME] in ("completed", "pruned")
                for c in children)
     assert not client.search_runs([experiment.experiment_id], "attributes.status = 'RUNNING'")
@@ -202,4 +202,6 @@ def test_a_packed_sweep_resumes_after_the_driver_is_killed(ray_address, tmp_path
         assert trial.state == expected and trial.params["lr"] == pytest.approx(float(child.data.params["lr"]))
         if expected == States.COMPLETE:
             assert trial.value == child.data.metrics["objective"]
-    assert len([t for t in study.trials if t.state != States.FAIL]) == 6 + len(early)
+    # member by member: the non-failed Optuna trials are exactly the finished MLflow runs
+    numbers = [int(c.data.tags[store.TAG_OPTUNA_TRIAL]) for c in children]
+    assert sorted(numbers) == [t.number for t in study.trials if t.state != States.FAIL]
