@@ -7,7 +7,8 @@
   (``FailureConfig``).
 - A local Ray is started by default; ``address`` connects to a running cluster.
 - ``resume`` continues an interrupted sweep with ``Tuner.restore`` (the searcher's state is
-  restored with it, and the Optuna study is made to agree with it: `service.sweep.searcher`);
+  restored with it, and the Optuna study is made to agree with it and with MLflow:
+  `service.sweep.searcher`, `service.sweep.study_sync`);
   MLflow child runs left RUNNING by the crash are closed first, and a resumed trial reopens
   its own run (see `service.tracking.runs.TrialRun`).
 - Trials checkpoint to the Tune storage (`service.sweep.trial_state`); a retried or
@@ -39,6 +40,7 @@ from service.sweep.display import (
 from service.sweep.outcome import record_end, tune_trials
 from service.sweep.rungs import release_board
 from service.sweep.searcher import check_study, make_sampler, optuna_storage
+from service.sweep.study_sync import TrialRecords
 from service.sweep.trainable import TrialSettings, make_trainable
 from service.sweep.trial import task_params
 from service.tracking import runs, store
@@ -103,7 +105,7 @@ def _trial_name(trial: Any) -> str:
     return f"trial-{trial.trial_id}"
 
 
-def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any):
+def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: TrialRecords):
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
@@ -113,7 +115,8 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any):
     study: dict[str, Any] = {}
     if options.optuna_storage:
         study = {"storage": optuna_storage(options.optuna_storage), "study_name": options.name}
-    args = dict(space=DefineByRun(space), metric=OBJECTIVE, mode="max", sampler=make_sampler(space), **study)
+    args = dict(space=DefineByRun(space), metric=OBJECTIVE, mode="max", sampler=make_sampler(space),
+                records=records, **study)
     if space.pack > 1:  # packs of trials; ASHA judges each member itself (service.sweep.rungs)
         searcher = PackedOptunaSearch(pack=space.pack, planned=space.trials, rungs=rung_spec(space, options.name),
                                       **args)
@@ -236,7 +239,7 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
                 trainable, {"cpu": space.resources.cpus, "gpu": space.resources.gpus}),
                 resume_unfinished=True, resume_errored=True)
         else:
-            tuner = _tuner(space, options, trainable)
+            tuner = _tuner(space, options, trainable, TrialRecords(options.tracking_uri, experiment_id, parent_run_id))
         board.start()
         from service.tracking.system_metrics import system_metrics
 

@@ -14,7 +14,8 @@ Each member's result reaches its own Optuna trial: its objective at every report
 (intermediate values, at Tune's ``training_iteration``), PRUNED when its pack reports it
 stopped, and COMPLETE with its final objective (or FAIL, when the pack failed for good).
 Its state is saved and restored with Tune's (``--resume``); a restore also refills the
-rung board (`service.sweep.rungs`) from the members' intermediate values.
+rung board (`service.sweep.rungs`) from the members' intermediate values, including those
+of members whose results it read back from MLflow (`service.sweep.study_sync`).
 """
 
 from __future__ import annotations
@@ -163,7 +164,8 @@ class PackedOptunaSearch(ResumableOptunaSearch):
         import ray
         from optuna.trial import TrialState
 
-        packed = {t.number for members in self._groups.values() for t in members}
+        # the members of known packs, and those whose result was read back from MLflow
+        packed = {t.number for members in self._groups.values() for t in members} | set(self._synced)
         records = []
         for trial in self._ot_study.get_trials(deepcopy=False):
             values = trial.intermediate_values

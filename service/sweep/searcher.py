@@ -10,7 +10,10 @@ that snapshot:
 - a trial that finished just before the kill is COMPLETE in the study but still running in
   Tune's snapshot: Tune runs it again from its checkpoint, and its reports and final
   ``tell`` hit a finished Optuna trial (`optuna.exceptions.UpdateFinishedTrialError`).
-  The study already holds its result: `ResumableOptunaSearch` ignores the repeat.
+  The study already holds its result: `ResumableOptunaSearch` ignores the repeat;
+- a trial whose worker closed its MLflow run just before the kill is finished in MLflow
+  but was never told to the study: its result is read back from its run
+  (`service.sweep.study_sync`) before the abandoned trials are marked FAIL.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from service.errors import UserError
 from service.formatting import redact
+from service.sweep.study_sync import TrialRecords, sync_study
 
 if TYPE_CHECKING:
     from service.search.space import SearchSpace
@@ -47,19 +51,29 @@ def fail_abandoned_trials(study: Any, known: Iterable[int]) -> list[int]:
 
 RUN_CONFIGS = "__run_configs__"
 """Key of a Tune trial's config that holds its ``{task: RunConfig}``, built in the driver."""
+OPTUNA_TRIAL = "__optuna_trial__"
+"""Key of a Tune trial's config that holds its Optuna trial number (tagged on its run)."""
 
 
 class ResumableOptunaSearch(OptunaSearch):
     """`OptunaSearch` that survives being restored from a snapshot older than its study,
     and hands each trial its run configs, built once here in the driver from the space the
     define-by-run function holds (`service.search.sampler.DefineByRun`): a worker trains
-    what it is given instead of rebuilding and re-checking the space."""
+    what it is given instead of rebuilding and re-checking the space. ``records`` says
+    where the sweep's trial runs are, for a restore to read back results the study missed."""
+
+    def __init__(self, *, records: TrialRecords | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._records = records
+        self._synced: list[int] = []
 
     def suggest(self, trial_id: str) -> dict | None:
         from service.search.assign import active_params, run_configs
 
         config = super().suggest(trial_id)
         space = getattr(self._space, "space", None)
+        if isinstance(config, dict) and trial_id in self._ot_trials:
+            config = {**config, OPTUNA_TRIAL: self._ot_trials[trial_id].number}
         if isinstance(config, dict) and space is not None:
             params = active_params(space, {k: v for k, v in config.items() if k in space.params})
             try:
@@ -75,6 +89,9 @@ class ResumableOptunaSearch(OptunaSearch):
 
     def restore(self, checkpoint_path: str) -> None:
         super().restore(checkpoint_path)
+        records, space = getattr(self, "_records", None), getattr(self._space, "space", None)
+        if records is not None and space is not None:
+            self._synced = sync_study(self._ot_study, records, space)
         failed = fail_abandoned_trials(self._ot_study, self.live_numbers())
         if failed:
             logger.warning("Optuna trial(s) %s were started by the interrupted driver after Tune's "

@@ -21,7 +21,7 @@ from service.sweep.pack import (
     run_pack,
 )
 from service.sweep.rungs import find_board
-from service.sweep.searcher import RUN_CONFIGS
+from service.sweep.searcher import OPTUNA_TRIAL, RUN_CONFIGS
 from service.sweep.trial import TrialProgress, regularizer_params, run_trial
 from service.sweep.trial_state import TrialState
 from service.tracking import runs, store
@@ -105,7 +105,9 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     space = SearchSpace.model_validate(settings.space)  # checked in full by the driver
     params = active_params(space, {k: v for k, v in config.items() if k in space.params})
     configs = config.get(RUN_CONFIGS) or _buildable_configs(space, params)
-    tracker = _open_run(settings, space, trial_id, params, configs)
+    number = config.get(OPTUNA_TRIAL)
+    tracker = _open_run(settings, space, trial_id, params, configs,
+                        {store.TAG_OPTUNA_TRIAL: str(number)} if number is not None else None)
     progress = TrialProgress()
     outcome = Outcome.FAILED
     try:

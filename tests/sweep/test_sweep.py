@@ -135,3 +135,6 @@ def test_resume_after_the_driver_is_killed(ray_address, tmp_path, driver_killed_
     optuna_objectives = {t.params["lr"]: t.value for t in told}
     mlflow_objectives = {float(c.data.params["lr"]): c.data.metrics["objective"] for c in children}
     assert optuna_objectives == pytest.approx(mlflow_objectives)
+    for child in children:  # each run names its own Optuna trial
+        trial = study.trials[int(child.data.tags[store.TAG_OPTUNA_TRIAL])]
+        assert trial.state != states.FAIL and trial.params["lr"] == pytest.approx(float(child.data.params["lr"]))

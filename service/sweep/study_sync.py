@@ -1,0 +1,154 @@
+"""Tell the Optuna study the results that reached MLflow but not the study before a driver
+died.
+
+A trial's worker closes its own MLflow run (completed, or pruned), and only then does the
+driver tell Optuna. A driver killed in between leaves the trial finished in MLflow but
+RUNNING in a study kept in a database (``--optuna-storage``), or absent from the in-memory
+study that Tune restores from its last snapshot. On ``--resume`` the searcher reads such
+results back from the runs (tagged with their Optuna trial number) and tells the study:
+the objective at every report, then COMPLETE with the final objective or PRUNED. Without
+this the study would mark the trial FAIL (or never know it) while MLflow keeps its result,
+and neither the sampler nor the rung board would learn from it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from service.scoring.objective import OBJECTIVE
+from service.search.assign import typed_params
+from service.search.sampler import suggest_params
+from service.search.space import SearchSpace
+from service.tracking import runs, store
+from service.tracking.store import Outcome
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrialRecords:
+    """Where a sweep's trial runs are (kept with the searcher, so a restored one finds them)."""
+
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """What a closed trial run says about its Optuna trial."""
+
+    run_id: str
+    number: int  # its Optuna trial number, as tagged when the run was opened
+    pruned: bool
+    params: dict[str, str]  # as logged (strings)
+    value: float | None  # the final objective (a completed trial)
+    reports: dict[int, float]  # Tune's training_iteration -> the objective reported there
+
+
+def report_number(space: SearchSpace, step: int) -> int | None:
+    """The report (Tune's ``training_iteration``) made at global training step ``step``,
+    or None for a task's step 0 (logged, never reported)."""
+    task, within = divmod(step, space.steps)
+    if within == 0:  # the end of task `task - 1`
+        task, within = task - 1, space.steps
+    if task < 0:
+        return None
+    return task * space.reports_per_task() + math.ceil(within / space.eval_every)
+
+
+def reported_values(space: SearchSpace, history: list[Any]) -> dict[int, float]:
+    """``{report: objective}`` from a run's objective history. At a task boundary the run
+    holds two points: the finished task's objective (reported) and the next task's step-0
+    objective, the minimum over tasks including one not trained yet, so never above the
+    first: the larger is the one reported. Points repeated by a retried attempt are equal."""
+    out: dict[int, float] = {}
+    for metric in history:
+        number = report_number(space, int(metric.step))
+        if number is not None and math.isfinite(metric.value):
+            out[number] = max(out.get(number, -math.inf), float(metric.value))
+    return out
+
+
+def finished_runs(client: Any, records: TrialRecords, space: SearchSpace) -> list[FinishedRun]:
+    """The sweep's trial runs closed as completed or pruned, with their Optuna trial number."""
+    out = []
+    for run in runs.trial_runs(client, records.experiment_id, records.parent_run_id):
+        tags = run.data.tags
+        outcome = tags.get(store.TAG_OUTCOME)
+        number = tags.get(store.TAG_OPTUNA_TRIAL, "")
+        if run.info.status != "FINISHED" or outcome not in (Outcome.COMPLETED, Outcome.PRUNED) or not number.isdigit():
+            continue
+        history = store.retry(lambda run=run: client.get_metric_history(run.info.run_id, OBJECTIVE))
+        reports = reported_values(space, history)
+        value = run.data.metrics.get(OBJECTIVE)
+        out.append(FinishedRun(run.info.run_id, int(number), outcome == Outcome.PRUNED, dict(run.data.params),
+                               None if outcome == Outcome.PRUNED else value, reports))
+    return sorted(out, key=lambda r: r.number)
+
+
+def _tell(study: Any, number: int, run: FinishedRun) -> None:
+    import optuna
+
+    frozen = study.trials[number]
+    trial = optuna.trial.Trial(study, frozen._trial_id)
+    for step, value in sorted(run.reports.items()):
+        if step not in frozen.intermediate_values:
+            trial.report(value, step)
+    if run.pruned:
+        study.tell(number, state=optuna.trial.TrialState.PRUNED)
+    else:
+        study.tell(number, run.value)
+
+
+def _add(study: Any, run: FinishedRun, space: SearchSpace) -> int:
+    import optuna
+
+    fixed = optuna.trial.FixedTrial(typed_params(space, run.params))
+    params = suggest_params(fixed, space)
+    state = optuna.trial.TrialState.PRUNED if run.pruned else optuna.trial.TrialState.COMPLETE
+    study.add_trial(optuna.trial.create_trial(
+        params=params, distributions=fixed.distributions, value=run.value, state=state,
+        intermediate_values=run.reports))
+    return len(study.trials) - 1
+
+
+def tell_finished(study: Any, finished: list[FinishedRun], space: SearchSpace) -> tuple[list[int], dict[str, int]]:
+    """Tell ``study`` every result in ``finished`` it is missing: a RUNNING trial gets its
+    reports and final state; a trial the study does not have (an in-memory study restored
+    from an older snapshot) is added, under the next free number. Returns the numbers told
+    and ``{run id: new number}`` of the trials added."""
+    import optuna
+
+    told, added = [], {}
+    for run in finished:
+        try:
+            if run.number >= len(study.trials):
+                number = _add(study, run, space)
+                added[run.run_id] = number
+            elif study.trials[run.number].state == optuna.trial.TrialState.RUNNING:
+                _tell(study, run.number, run)
+                number = run.number
+            else:
+                continue
+        except Exception as e:  # noqa: BLE001 - the study then treats it as abandoned (FAIL)
+            logger.warning("could not tell Optuna trial %s the result of MLflow run %s: %s", run.number, run.run_id, e)
+            continue
+        told.append(number)
+    return told, added
+
+
+def sync_study(study: Any, records: TrialRecords, space: SearchSpace) -> list[int]:
+    """`tell_finished` with the runs of ``records``; a trial added under a new number has
+    its run's tag updated to it. Returns the Optuna trial numbers told."""
+    client = store.client(records.tracking_uri)
+    told, added = tell_finished(study, finished_runs(client, records, space), space)
+    for run_id, number in added.items():
+        store.retry(lambda run_id=run_id, number=number: client.set_tag(run_id, store.TAG_OPTUNA_TRIAL, str(number)))
+    if told:
+        logger.warning("Optuna trial(s) %s finished in MLflow before the interrupted driver could tell the study; "
+                       "told it now from their runs", told)
+    return told

@@ -1,0 +1,171 @@
+"""Results that reached MLflow but not the Optuna study before the driver died are told to
+the study on restore (`service.sweep.study_sync`): real Optuna, a real MLflow store in
+SQLite, the searcher driven by hand as Tune drives it (no Ray cluster)."""
+
+from __future__ import annotations
+
+import io
+
+import optuna
+import pytest
+from rich.console import Console
+
+from service.scoring.objective import OBJECTIVE
+from service.search.loading import parse_space
+from service.search.sampler import DefineByRun
+from service.sweep import driver
+from service.sweep.searcher import OPTUNA_TRIAL, RUN_CONFIGS, ResumableOptunaSearch
+from service.sweep.study_sync import TrialRecords, report_number, reported_values
+from service.tracking import runs, store
+from service.tracking.store import Outcome
+
+States = optuna.trial.TrialState
+STEPS, EVAL_EVERY = 400, 50
+
+
+def _space(tasks: int = 1, **overrides):
+    task = {"kind": "small_mul", "eval_samples": 200, "threshold_samples": 10_000}
+    return parse_space({
+        "name": "sync", "steps": STEPS, "eval_every": EVAL_EVERY, "seeds": 2,
+        **({"task": task} if tasks == 1 else {"tasks": {f"t{i}": task for i in range(tasks)}}),
+        "fixed": {"model": {"layers": [{"unit": "nau"}, {"unit": "nmu"}]}, "device": "cpu", "compile": "off"},
+        "params": {
+            "lr": {"type": "loguniform", "low": 1e-3, "high": 0.3, "target": "train.optimizer.lr"},
+            "optimizer": {"type": "categorical", "choices": ["adam", "rmsprop"], "target": "train.optimizer.name"},
+        },
+        "trials": 6, **overrides,
+    })
+
+
+class Point:
+    def __init__(self, step: int, value: float) -> None:
+        self.step, self.value = step, value
+
+
+def test_mlflow_steps_map_to_the_reports_tune_made():
+    space = _space(tasks=2)
+    assert space.reports_per_task() == 8
+    assert [report_number(space, s) for s in (0, 50, 75, 400, 450, 800)] == [None, 1, 2, 8, 9, 16]
+    # at a task boundary the finished task's objective is logged, then the next task's
+    # step-0 objective (a minimum that includes the untrained task): the first is reported
+    history = [Point(0, 0.0), Point(50, 0.1), Point(400, 0.7), Point(400, 0.0), Point(450, 0.2), Point(450, 0.2)]
+    assert reported_values(space, history) == {1: 0.1, 8: 0.7, 9: 0.2}
+
+
+def _records(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = store.client(uri)
+    experiment_id = client.create_experiment("sync", artifact_location=str(tmp_path / "mlruns"))
+    parent = client.create_run(experiment_id, tags={store.TAG_ROLE: store.ROLE_SWEEP})
+    return client, TrialRecords(uri, experiment_id, parent.info.run_id)
+
+
+def _trial_run(client, records, config, outcome: str, history: list[tuple[int, float]]) -> str:
+    """A trial's MLflow run as its worker leaves it: tagged with its Optuna trial number,
+    its objective at every evaluation, closed with its outcome."""
+    run = client.create_run(records.experiment_id, tags={
+        store.TAG_PARENT: records.parent_run_id, store.TAG_ROLE: store.ROLE_TRIAL,
+        store.TAG_OPTUNA_TRIAL: str(config[OPTUNA_TRIAL]), store.TAG_OUTCOME: outcome})
+    for key, value in config.items():
+        if key not in (OPTUNA_TRIAL, RUN_CONFIGS):
+            client.log_param(run.info.run_id, key, str(value))
+    for step, value in history:
+        client.log_metric(run.info.run_id, OBJECTIVE, value, step=step)
+    client.set_terminated(run.info.run_id, "KILLED" if outcome == Outcome.INTERRUPTED else "FINISHED")
+    return run.info.run_id
+
+
+def _searcher(records, url: str | None):
+    storage = {"storage": optuna.storages.RDBStorage(url), "study_name": "sync"} if url else {}
+    searcher = ResumableOptunaSearch(space=DefineByRun(_space()), metric=OBJECTIVE, mode="max",
+                                     sampler=optuna.samplers.RandomSampler(seed=0), records=records, **storage)
+    searcher.set_search_properties(None, None, {})
+    return searcher
+
+
+PRUNED_AT = [(0, 0.0), (50, 0.1), (100, 0.2)]
+COMPLETED = [(0, 0.0), *((s, s / 1000) for s in range(50, STEPS + 1, 50))]
+
+
+def test_a_study_in_a_database_is_told_what_mlflow_has(tmp_path):
+    """Tune's snapshot knows trials 0 and 1; after it, 1 completed in its worker and 2 and 3
+    were asked, 3 pruned in its worker, and the driver died before telling the study."""
+    client, records = _records(tmp_path)
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    before = _searcher(records, url)
+    a, b = before.suggest("a"), before.suggest("b")
+    before.save(str(tmp_path / "searcher.pkl"))
+    c, d = before.suggest("c"), before.suggest("d")
+    assert [a[OPTUNA_TRIAL], b[OPTUNA_TRIAL], c[OPTUNA_TRIAL], d[OPTUNA_TRIAL]] == [0, 1, 2, 3]
+    _trial_run(client, records, b, Outcome.COMPLETED, COMPLETED)
+    _trial_run(client, records, c, Outcome.INTERRUPTED, PRUNED_AT[:2])
+    _trial_run(client, records, d, Outcome.PRUNED, PRUNED_AT)
+
+    after = _searcher(records, url)
+    after.restore(str(tmp_path / "searcher.pkl"))
+    study = optuna.load_study(study_name="sync", storage=url)
+    assert [t.state for t in study.trials] == [States.RUNNING, States.COMPLETE, States.FAIL, States.PRUNED]
+    assert study.trials[1].value == pytest.approx(0.4)
+    assert study.trials[1].intermediate_values == pytest.approx({i: i * 0.05 for i in range(1, 9)})
+    assert study.trials[3].intermediate_values == pytest.approx({1: 0.1, 2: 0.2})
+    assert study.trials[3].params["lr"] == pytest.approx(d["lr"])
+    assert after._synced == [1, 3]
+
+    # Tune runs trial 1 again from its checkpoint: the study keeps what MLflow had
+    after.on_trial_result("b", {OBJECTIVE: 0.9, "training_iteration": 8})
+    after.on_trial_complete("b", {OBJECTIVE: 0.9, "training_iteration": 8})
+    assert optuna.load_study(study_name="sync", storage=url).trials[1].value == pytest.approx(0.4)
+
+
+def test_an_in_memory_study_gets_the_trials_it_never_had(tmp_path):
+    """Without --optuna-storage the study restored with Tune's snapshot has never heard of
+    the trials asked after it: a finished one is added under the next free number, and its
+    run's tag follows, so no later trial shares it."""
+    client, records = _records(tmp_path)
+    before = _searcher(records, None)
+    before.suggest("a")
+    before.save(str(tmp_path / "searcher.pkl"))
+    c, d = before.suggest("c"), before.suggest("d")
+    _trial_run(client, records, c, Outcome.INTERRUPTED, PRUNED_AT[:2])
+    run_d = _trial_run(client, records, d, Outcome.PRUNED, PRUNED_AT)
+
+    after = _searcher(records, None)
+    after.restore(str(tmp_path / "searcher.pkl"))
+    study = after._ot_study
+    assert [t.state for t in study.trials] == [States.RUNNING, States.PRUNED]
+    assert study.trials[1].params == {"lr": pytest.approx(d["lr"]), "optimizer": d["optimizer"]}
+    assert study.trials[1].intermediate_values == pytest.approx({1: 0.1, 2: 0.2})
+    assert client.get_run(run_d).data.tags[store.TAG_OPTUNA_TRIAL] == "1"
+    assert after.suggest("e")[OPTUNA_TRIAL] == 2
+
+    # a second resume finds the study and the run in agreement: nothing is added twice
+    after.save(str(tmp_path / "searcher-2.pkl"))
+    again = _searcher(records, None)
+    again.restore(str(tmp_path / "searcher-2.pkl"))
+    assert len(again._ot_study.trials) == 3 and again._synced == []
+
+
+@pytest.mark.slow
+def test_what_mlflow_holds_is_what_the_study_was_told(ray_address, tmp_path):
+    """A real sweep of lone trials over two tasks: each run is tagged with its Optuna trial,
+    and its objective history, read as `study_sync` reads it, gives back exactly the
+    reports that trial got (Tune's iterations across the task boundary included)."""
+    space = _space(tasks=2, steps=100, trials=2, concurrency=2, resources={"cpus": 1, "gpus": 0},
+                   scheduler="none", sampler={"type": "random", "seed": 0})
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    options = driver.SweepOptions(name=space.name, tracking_uri=store.resolve_tracking_uri(None),
+                                  storage_path=str(tmp_path / "runs"), optuna_storage=url)
+    summary = driver.run_sweep(space, options, Console(file=io.StringIO()))
+    assert summary.outcome == "completed", summary
+    client = store.client(options.tracking_uri)
+    children = runs.trial_runs(client, summary.experiment_id, summary.parent_run_id)
+    study = optuna.load_study(study_name=space.name, storage=url)
+    assert sorted(int(c.data.tags[store.TAG_OPTUNA_TRIAL]) for c in children) == [0, 1]
+    for child in children:
+        trial = study.trials[int(child.data.tags[store.TAG_OPTUNA_TRIAL])]
+        assert trial.params["lr"] == pytest.approx(float(child.data.params["lr"]))
+        history = client.get_metric_history(child.info.run_id, OBJECTIVE)
+        assert len(trial.intermediate_values) == space.total_reports() == 4
+        assert sorted(m.step for m in history).count(space.steps) == 2  # two points at the task boundary
+        assert reported_values(space, history) == trial.intermediate_values
+        assert trial.value == child.data.metrics[OBJECTIVE]
