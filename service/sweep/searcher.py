@@ -91,7 +91,11 @@ class ResumableOptunaSearch(OptunaSearch):
         super().restore(checkpoint_path)
         records, space = getattr(self, "_records", None), getattr(self._space, "space", None)
         if records is not None and space is not None:
-            self._synced = sync_study(self._ot_study, records, space)
+            try:
+                self._synced = sync_study(self._ot_study, records, space)
+            except Exception as e:  # noqa: BLE001 - the store checked out a moment ago; the sweep goes on
+                logger.warning("could not read the trial runs back from MLflow (%s); a trial that finished "
+                               "there just before the interruption is marked FAIL in the Optuna study", e)
         failed = fail_abandoned_trials(self._ot_study, self.live_numbers())
         if failed:
             logger.warning("Optuna trial(s) %s were started by the interrupted driver after Tune's "

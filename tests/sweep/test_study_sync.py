@@ -169,3 +169,21 @@ def test_what_mlflow_holds_is_what_the_study_was_told(ray_address, tmp_path):
         assert sorted(m.step for m in history).count(space.steps) == 2  # two points at the task boundary
         assert reported_values(space, history) == trial.intermediate_values
         assert trial.value == child.data.metrics[OBJECTIVE]
+
+
+def test_a_store_that_cannot_be_read_leaves_the_old_behaviour(tmp_path, caplog):
+    """The restore does not fail when the runs cannot be read: the abandoned trials are
+    marked FAIL as before, with a warning that says what was not checked."""
+    broken = tmp_path / "mlflow.db"
+    broken.write_text("not a database")
+    records = TrialRecords(f"sqlite:///{broken}", "0", "parent")
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    before = _searcher(records, url)
+    before.suggest("a")
+    before.save(str(tmp_path / "searcher.pkl"))
+    before.suggest("b")
+    after = _searcher(records, url)
+    after.restore(str(tmp_path / "searcher.pkl"))
+    study = optuna.load_study(study_name="sync", storage=url)
+    assert [t.state for t in study.trials] == [States.RUNNING, States.FAIL]
+    assert "could not read the trial runs back from MLflow" in caplog.text
