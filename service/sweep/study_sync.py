@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from service.scoring.objective import OBJECTIVE
@@ -73,14 +74,18 @@ def reported_values(space: SearchSpace, history: list[Any]) -> dict[int, float]:
     return out
 
 
-def finished_runs(client: Any, records: TrialRecords, space: SearchSpace) -> list[FinishedRun]:
-    """The sweep's trial runs closed as completed or pruned, with their Optuna trial number."""
+def finished_runs(client: Any, records: TrialRecords, space: SearchSpace,
+                  missing: Callable[[int], bool]) -> list[FinishedRun]:
+    """The sweep's trial runs closed as completed or pruned whose Optuna trial number is
+    ``missing`` from the study (only their objective histories are read)."""
     out = []
     for run in runs.trial_runs(client, records.experiment_id, records.parent_run_id):
         tags = run.data.tags
         outcome = tags.get(store.TAG_OUTCOME)
         number = tags.get(store.TAG_OPTUNA_TRIAL, "")
         if run.info.status != "FINISHED" or outcome not in (Outcome.COMPLETED, Outcome.PRUNED) or not number.isdigit():
+            continue
+        if not missing(int(number)):
             continue
         history = store.retry(lambda run=run: client.get_metric_history(run.info.run_id, OBJECTIVE))
         reports = reported_values(space, history)
@@ -90,21 +95,20 @@ def finished_runs(client: Any, records: TrialRecords, space: SearchSpace) -> lis
     return sorted(out, key=lambda r: r.number)
 
 
-def _tell(study: Any, number: int, run: FinishedRun) -> None:
+def _tell(study: Any, frozen: Any, run: FinishedRun) -> None:
     import optuna
 
-    frozen = study.trials[number]
     trial = optuna.trial.Trial(study, frozen._trial_id)
     for step, value in sorted(run.reports.items()):
         if step not in frozen.intermediate_values:
             trial.report(value, step)
     if run.pruned:
-        study.tell(number, state=optuna.trial.TrialState.PRUNED)
+        study.tell(frozen.number, state=optuna.trial.TrialState.PRUNED)
     else:
-        study.tell(number, run.value)
+        study.tell(frozen.number, run.value)
 
 
-def _add(study: Any, run: FinishedRun, space: SearchSpace) -> int:
+def _add(study: Any, run: FinishedRun, space: SearchSpace) -> None:
     import optuna
 
     fixed = optuna.trial.FixedTrial(typed_params(space, run.params))
@@ -113,7 +117,6 @@ def _add(study: Any, run: FinishedRun, space: SearchSpace) -> int:
     study.add_trial(optuna.trial.create_trial(
         params=params, distributions=fixed.distributions, value=run.value, state=state,
         intermediate_values=run.reports))
-    return len(study.trials) - 1
 
 
 def tell_finished(study: Any, finished: list[FinishedRun], space: SearchSpace) -> tuple[list[int], dict[str, int]]:
@@ -123,14 +126,17 @@ def tell_finished(study: Any, finished: list[FinishedRun], space: SearchSpace) -
     and ``{run id: new number}`` of the trials added."""
     import optuna
 
+    trials = study.get_trials(deepcopy=False)
+    count = len(trials)
     told, added = [], {}
     for run in finished:
         try:
-            if run.number >= len(study.trials):
-                number = _add(study, run, space)
+            if run.number >= count:
+                _add(study, run, space)
+                number, count = count, count + 1
                 added[run.run_id] = number
-            elif study.trials[run.number].state == optuna.trial.TrialState.RUNNING:
-                _tell(study, run.number, run)
+            elif trials[run.number].state == optuna.trial.TrialState.RUNNING:
+                _tell(study, trials[run.number], run)
                 number = run.number
             else:
                 continue
@@ -142,10 +148,18 @@ def tell_finished(study: Any, finished: list[FinishedRun], space: SearchSpace) -
 
 
 def sync_study(study: Any, records: TrialRecords, space: SearchSpace) -> list[int]:
-    """`tell_finished` with the runs of ``records``; a trial added under a new number has
-    its run's tag updated to it. Returns the Optuna trial numbers told."""
+    """`tell_finished` with the runs of ``records`` whose trials the study is missing; a
+    trial added under a new number has its run's tag updated to it. Returns the Optuna
+    trial numbers told."""
+    import optuna
+
+    trials = study.get_trials(deepcopy=False)
+
+    def missing(number: int) -> bool:
+        return number >= len(trials) or trials[number].state == optuna.trial.TrialState.RUNNING
+
     client = store.client(records.tracking_uri)
-    told, added = tell_finished(study, finished_runs(client, records, space), space)
+    told, added = tell_finished(study, finished_runs(client, records, space, missing), space)
     for run_id, number in added.items():
         store.retry(lambda run_id=run_id, number=number: client.set_tag(run_id, store.TAG_OPTUNA_TRIAL, str(number)))
     if told:
