@@ -1,5 +1,5 @@
 """``python -m service`` is the same as the ``nalu-sweep`` command."""
 
-from service.cli import app
+from service.cli.entry import main
 
-app(prog_name="nalu-sweep")
+main()
