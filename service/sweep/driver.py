@@ -30,7 +30,7 @@ from service.errors import UserError
 from service.scoring.objective import OBJECTIVE
 from service.search.sampler import DefineByRun
 from service.search.space import SearchSpace
-from service.sweep.cluster import check_resources, init_ray, quiet_libraries
+from service.sweep.cluster import check_resources, init_ray, quiet_libraries, stop_ray
 from service.sweep.display import (
     LiveProgress,
     SweepBoard,
@@ -154,48 +154,71 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
 
     Everything that can be checked is checked before anything is written: the MLflow store
     answers, a new sweep's name is free (or a resumed one exists, with the same spec), Ray
-    is reachable and has the resources one trial asks for.
+    is reachable and has the resources one trial asks for. The MLflow store is opened on a
+    thread while Ray starts (imports and the schema check overlap Ray's start: about 1 s on
+    2 cores, issue 14); a sweep refused on what the store says then stops that Ray again.
     """
     console = console or Console()
     quiet_libraries(options.verbose)
+    exp_path = experiment_path(options.storage_path, options.name)
+
+    from ray import tune
+
+    restorable = tune.Tuner.can_restore(exp_path)
+    if options.resume and not restorable:
+        raise UserError(f"nothing to resume: no Tune experiment at {exp_path} "
+                        "(use the same --storage-path and --name as the original sweep)")
+    if not options.resume and restorable:
+        raise UserError(_exists(options, exp_path))
+    check_study(options)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nalu-sweep-store") as pool:
+        lookup = pool.submit(_open_store, options)
+        started_ray = False
+        try:
+            started_ray = init_ray(options.address, options.verbose,
+                                   say=lambda line: console.print(line, highlight=False))
+            client, parent = lookup.result()
+            _check_parent(space, options, parent, exp_path)
+            check_resources(space)
+            summary = _run(space, options, console, client, parent, exp_path)
+            summary.ray_left_running = started_ray and options.keep_ray
+            return summary
+        finally:
+            if started_ray and not options.keep_ray:
+                stop_ray()
+
+
+def _open_store(options: SweepOptions) -> tuple[Any, Any]:
+    """The MLflow client and the sweep's parent run (None for a new sweep)."""
     client = store.client(options.tracking_uri)
     try:
         experiment = store.retry(lambda: client.get_experiment_by_name(options.name))
         parent = runs.find_sweep_run(client, experiment.experiment_id, options.name) if experiment else None
     except Exception as e:  # noqa: BLE001 - an unreachable or broken tracking store
         raise UserError(f"cannot use the MLflow tracking store {options.tracking_uri}: {e}") from None
-    exp_path = experiment_path(options.storage_path, options.name)
+    return client, parent
 
-    from ray import tune
 
-    restorable = tune.Tuner.can_restore(exp_path)
-    if options.resume:
-        if not restorable:
-            raise UserError(f"nothing to resume: no Tune experiment at {exp_path} "
-                            "(use the same --storage-path and --name as the original sweep)")
-        if parent is None:
-            raise UserError(f"nothing to resume in {options.tracking_uri}: sweep {options.name!r} has no "
-                            "MLflow run there (use the same --tracking-uri as the original sweep)")
-        old_hash = parent.data.tags.get(store.TAG_SPACE_HASH)
-        if old_hash and old_hash != space.spec_hash():
-            raise UserError(f"the search space of sweep {options.name!r} changed since it started "
-                            f"(hash {old_hash} → {space.spec_hash()}); resume with the same file and flags")
-    elif parent is not None or restorable:
-        raise UserError(f"sweep {options.name!r} already exists (in {options.tracking_uri} or at {exp_path}); "
-                        f"continue it with --resume, or start a new one with --name {options.name}-2")
+def _exists(options: SweepOptions, exp_path: str) -> str:
+    return (f"sweep {options.name!r} already exists (in {options.tracking_uri} or at {exp_path}); "
+            f"continue it with --resume, or start a new one with --name {options.name}-2")
 
-    check_study(options)
-    started_ray = init_ray(options.address, options.verbose, say=lambda line: console.print(line, highlight=False))
-    try:
-        check_resources(space)
-        summary = _run(space, options, console, client, parent, exp_path)
-        summary.ray_left_running = started_ray and options.keep_ray
-        return summary
-    finally:
-        if started_ray and not options.keep_ray:
-            import ray
 
-            ray.shutdown()
+def _check_parent(space: SearchSpace, options: SweepOptions, parent: Any, exp_path: str) -> None:
+    """A resumed sweep has its MLflow run, with the same search space; a new one has none."""
+    if not options.resume:
+        if parent is not None:
+            raise UserError(_exists(options, exp_path))
+        return
+    if parent is None:
+        raise UserError(f"nothing to resume in {options.tracking_uri}: sweep {options.name!r} has no "
+                        "MLflow run there (use the same --tracking-uri as the original sweep)")
+    old_hash = parent.data.tags.get(store.TAG_SPACE_HASH)
+    if old_hash and old_hash != space.spec_hash():
+        raise UserError(f"the search space of sweep {options.name!r} changed since it started "
+                        f"(hash {old_hash} → {space.spec_hash()}); resume with the same file and flags")
 
 
 def _run(space: SearchSpace, options: SweepOptions, console: Console, client: Any, parent: Any,

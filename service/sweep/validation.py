@@ -22,7 +22,7 @@ from service.errors import UserError, error_message
 from service.scoring.combine import combine_tasks
 from service.search.assign import active_params, run_configs, typed_params
 from service.search.space import SearchSpace
-from service.sweep.cluster import init_ray
+from service.sweep.cluster import init_ray, stop_ray
 from service.sweep.trial import log_trial_artifacts
 from service.tracking import runs, store
 from service.tracking.queries import sweep_space, validation_runs
@@ -172,7 +172,7 @@ def validate_sweep(tracking_uri: str, name: str, top: int, seeds: int, extra_ran
         results = ray.get(refs)
     finally:
         if started_ray:
-            ray.shutdown()
+            stop_ray()
 
     batch = str(len({r.data.tags.get(TAG_BATCH) for r in earlier}) + 1)
     out = []
