@@ -51,7 +51,7 @@ class UnsafeCacheError(RuntimeError):
     """A cache directory or library that another user could have written."""
 
 
-def _check_private(path: str, *, is_dir: bool) -> None:
+def check_private(path: str, *, is_dir: bool) -> None:
     """Raise `UnsafeCacheError` unless ``path`` is owned by this user and not writable by
     its group or others (a directory, or a regular file that is not a link)."""
     st = os.stat(path) if is_dir else os.lstat(path)
@@ -72,7 +72,7 @@ def _private_dir(path: str) -> str:
         pass
     else:
         os.chmod(path, 0o700)  # makedirs' mode is subject to the umask
-    _check_private(path, is_dir=True)
+    check_private(path, is_dir=True)
     if not os.access(path, os.W_OK | os.X_OK):
         raise OSError(f"{path} is not writable")
     return path
@@ -132,7 +132,7 @@ def build(name: str, source: str) -> ctypes.CDLL:
             for p in (src, tmp_so):
                 if os.path.exists(p):
                     os.unlink(p)
-    _check_private(so, is_dir=False)  # never load a library someone else could have written
+    check_private(so, is_dir=False)  # never load a library someone else could have written
     return ctypes.CDLL(so)
 
 
