@@ -1,0 +1,76 @@
+"""How a sweep starts: the MLflow store opens while Ray starts, and a sweep refused on what
+the store says stops the local Ray it started. Ray is replaced here by stand-ins that
+record the order of things (the real start is every sweep test's)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from service.errors import UserError
+from service.search.loading import load_space
+from service.sweep import driver
+from service.tracking import runs, store
+
+SMOKE = Path(__file__).resolve().parents[2] / "search_spaces" / "smoke.yaml"
+
+
+@pytest.fixture
+def space():
+    return load_space(SMOKE).with_overrides("test", trials=1, seeds=2, steps=10, eval_every=5)
+
+
+def _options(tmp_path: Path, **kw) -> driver.SweepOptions:
+    return driver.SweepOptions(name="start", tracking_uri=store.default_tracking_uri(tmp_path),
+                               storage_path=str(tmp_path / "runs"), **kw)
+
+
+def test_the_store_opens_on_a_thread_while_ray_starts(tmp_path, monkeypatch, space):
+    """Each side waits to see the other under way: both do only if they overlap."""
+    opening, starting = threading.Event(), threading.Event()
+    seen = {}
+    real_open = driver._open_store
+
+    def open_store(options):
+        seen["thread"] = threading.current_thread() is not threading.main_thread()
+        opening.set()
+        seen["ray seen from the store"] = starting.wait(timeout=20)
+        return real_open(options)
+
+    def init_ray(address, verbose, say=None):
+        starting.set()
+        seen["store seen from Ray"] = opening.wait(timeout=20)
+        return False
+
+    monkeypatch.setattr(driver, "_open_store", open_store)
+    monkeypatch.setattr(driver, "init_ray", init_ray)
+    monkeypatch.setattr(driver, "check_resources", lambda space: (_ for _ in ()).throw(UserError("stop here")))
+    with pytest.raises(UserError, match="stop here"):
+        driver.run_sweep(space, _options(tmp_path))
+    assert seen == {"thread": True, "ray seen from the store": True, "store seen from Ray": True}
+
+
+def test_a_sweep_refused_on_what_the_store_says_stops_the_ray_it_started(tmp_path, monkeypatch, space):
+    options = _options(tmp_path)
+    client = store.client(options.tracking_uri)
+    experiment_id = store.ensure_experiment(client, options.name, options.tracking_uri)
+    runs.start_sweep_run(client, experiment_id, options.name, space_file=None, spec_json=space.spec_json(),
+                         spec_hash=space.spec_hash(), storage_path="elsewhere", params={})
+    stopped = []
+    monkeypatch.setattr(driver, "init_ray", lambda address, verbose, say=None: True)
+    monkeypatch.setattr(driver, "stop_ray", lambda: stopped.append(True))
+    with pytest.raises(UserError, match="sweep 'start' already exists"):
+        driver.run_sweep(space, options)  # no Tune experiment here: only MLflow knows the name
+    assert stopped == [True]
+
+
+def test_a_taken_tune_directory_is_refused_before_ray_starts(tmp_path, monkeypatch, space):
+    options = _options(tmp_path)
+    monkeypatch.setattr(driver, "init_ray", lambda *a, **k: pytest.fail("Ray was started for a refused sweep"))
+    from ray import tune
+
+    monkeypatch.setattr(tune.Tuner, "can_restore", staticmethod(lambda path: True))
+    with pytest.raises(UserError, match="already exists"):
+        driver.run_sweep(space, options)
