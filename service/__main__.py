@@ -10,7 +10,9 @@ command (Ray's shutdown, logging's flush, MLflow's, temporary directories'), the
 flushes stdout and stderr and ends the process with the command's exit status.
 
 Only the real process goes through here; tests call `service.cli.app` in-process. This
-module imports nothing heavy, so nothing can register a handler before `_end`.
+module imports nothing of the project's or its libraries' before registering `_end`; a
+handler registered earlier still (by a site hook at interpreter start) would not run,
+except logging's, which `_end` calls itself.
 """
 
 from __future__ import annotations

@@ -156,9 +156,9 @@ def validate_and_report(uri: str, name: str, top: int, seeds: int, address: str 
         validate_sweep(uri, name, top, seeds, {}, address=address)
     finally:
         if stop_ray:  # the local Ray the sweep left running for this (`SweepOptions.keep_ray`)
-            from service.sweep.cluster import stop_ray
+            from service.sweep.cluster import stop_ray as stop_local_ray
 
-            stop_ray()
+            stop_local_ray()
     files = build_report(uri, name, Path("reports") / name)
     fields = summary_fields(files.data)
     best, verdict = fields["best"], fields["verdict"]
