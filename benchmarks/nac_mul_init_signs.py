@@ -1,7 +1,8 @@
-"""Which NAC• seeds of a `small_mul` reproduction succeed, by the signs of their initial
-output-layer weights.
+"""Which NAC• seeds of a `small_mul` (or the `arithmetic` protocol's × row) reproduction
+succeed, by the signs of their initial output-layer weights.
 
     python benchmarks/nac_mul_init_signs.py [reproduce-out/small_mul.json]
+    python benchmarks/nac_mul_init_signs.py benchmarks/reproduce_arithmetic.json
 
 The NAC+ → NAC• model on t = (x1+x2+x3+x4)(x1+x2) solves the task only when the NAC• layer's
 two weights W = tanh(Ŵ) σ(M̂) end at +1 (the product of the two hidden sums). Its initial
@@ -39,10 +40,11 @@ def initial_positive_counts(config: dict) -> list[int]:
 
 
 def split_by_signs(data: dict) -> dict[int, tuple[int, int]]:
-    """``{positive initial Ŵ: (seeds, solved)}`` for the NAC• row of a small_mul result."""
-    cell = next((c for c in data["cells"] if c["row"]["model"] == "NAC•" and c["status"] == "ok"), None)
+    """``{positive initial Ŵ: (seeds, solved)}`` for the NAC• × row of a reproduction."""
+    cell = next((c for c in data["cells"]
+                 if c["row"]["model"] == "NAC•" and c["row"]["op"] == "×" and c["status"] == "ok"), None)
     if cell is None:
-        raise SystemExit("the result has no NAC• row: run benchmarks/reproduce.py small_mul first")
+        raise SystemExit("the result has no NAC• × row: run benchmarks/reproduce.py small_mul first")
     success = [s["success"] for s in cell["seeds"]]
     counts = initial_positive_counts(cell["config"])
     if len(counts) != len(success):
@@ -58,11 +60,12 @@ def split_counts(positive: list[int], success: list[bool]) -> dict[int, tuple[in
 def main(argv: list[str] | None = None) -> dict[int, tuple[int, int]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("result", nargs="?", default="benchmarks/reproduce_small_mul.json",
-                        help="a small_mul.json written by benchmarks/reproduce.py")
+                        help="a small_mul.json or arithmetic.json written by benchmarks/reproduce.py")
     args = parser.parse_args(argv)
-    split = split_by_signs(json.loads(Path(args.result).read_text()))
+    data = json.loads(Path(args.result).read_text())
+    split = split_by_signs(data)
     seeds, solved = sum(n for n, _ in split.values()), sum(s for _, s in split.values())
-    print(f"NAC• on small_mul ({args.result}, {seeds} seeds): success by the number of "
+    print(f"NAC• × on {data['protocol']} ({args.result}, {seeds} seeds): success by the number of "
           "positive initial Ŵ in the NAC• layer")
     print(f"{'positive Ŵ':>11}  {'seeds':>5}  {'solved':>6}  rate [95% CI]")
     for k, (n, s) in split.items():

@@ -27,6 +27,11 @@ t for means, order statistics for the median).
 
 Writes ``DIR/PROTOCOL.json`` (settings, aggregates, per-seed outcomes, published figures)
 and ``DIR/PROTOCOL.md`` (the table).
+
+A GPU runs one cell's small kernels far from full: ``--jobs N`` trains N cells at once, each
+in its own process (its JSON under ``DIR/cells/``), then writes the table of them all.
+``--merge FILE...`` writes the table from cells run earlier (other processes, machines or
+sessions): cells of the same protocol, seeds and length; a cell not among them is "not run".
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -264,7 +271,7 @@ def run_cell(protocol: Protocol, op: str, model: Model, args: argparse.Namespace
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Protocol, list[str], list[Model]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("protocol", choices=sorted(PROTOCOLS))
@@ -275,9 +282,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("reproduce-out"), help="output folder")
     parser.add_argument("--models", default=None, help="comma-separated subset of the protocol's models")
     parser.add_argument("--ops", default=None, help="comma-separated subset of the protocol's operations")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="cells trained at once, each in its own process (on one H100: 2 gave "
+                             "about 1.3x the seed·steps/s of 1, 6 no more than 2; README)")
+    parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="FILE",
+                        help="write the table from these PROTOCOL.json files of earlier runs; no training")
+    parser.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)  # a --jobs child
     args = parser.parse_args(argv)
     protocol = PROTOCOLS[args.protocol]
     args.steps = args.steps or protocol.steps
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
     models = protocol.models
     if args.models:
         wanted = [m.strip() for m in args.models.split(",")]
@@ -290,24 +305,123 @@ def main(argv: list[str] | None = None) -> int:
         ops = [o.strip() for o in args.ops.split(",")]
         if set(ops) - set(protocol.operations):
             parser.error(f"unknown operation(s); the protocol has {protocol.operations}")
+    return args, protocol, ops, models
 
+
+def machine() -> str:
+    """What trained: the accelerator (or processor) and torch, for the JSON's reader."""
+    import platform
+
+    import torch
+
+    where = torch.cuda.get_device_name() if torch.cuda.is_available() else (platform.processor() or platform.machine())
+    return f"{where}, torch {torch.__version__}"
+
+
+def cell_dir(out: Path, op: str, model: Model) -> Path:
+    """Where a ``--jobs`` child writes one cell: ``OUT/cells/<op>-<model>``, file-name safe
+    (NAC+ and NAC• are ``NAC_add`` and ``NAC_mul``)."""
+    name = model.name.replace("+", "_add").replace("•", "_mul")
+    return out / "cells" / f"{op}-{re.sub(r'[^A-Za-z0-9]+', '_', name).strip('_')}"
+
+
+def run_in_processes(protocol: Protocol, ops: list[str], models: list[Model],
+                     args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every cell in a child process of this script, ``args.jobs`` at a time; a child that
+    fails leaves a "failed" row (its output says why) and the others go on."""
+    todo = [(op, m) for op in ops for m in models]
+    running: list[tuple[str, Model, subprocess.Popen]] = []
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    while todo or running:
+        while todo and len(running) < args.jobs:
+            op, m = todo.pop(0)
+            cmd = [sys.executable, str(Path(__file__).resolve()), protocol.name, "--ops", op,
+                   "--models", m.name, "--seeds", str(args.seeds), "--steps", str(args.steps),
+                   "--device", args.device, "--out", str(cell_dir(args.out, op, m)), "--no-table"]
+            running.append((op, m, subprocess.Popen(cmd)))
+        time.sleep(0.2)
+        for entry in [r for r in running if r[2].poll() is not None]:
+            running.remove(entry)
+            op, m, proc = entry
+            path = cell_dir(args.out, op, m) / f"{protocol.name}.json"
+            if proc.returncode == 0 and path.exists():
+                results[op, m.name] = json.loads(path.read_text())["cells"][0]
+            else:
+                print(f"  {op} {m.name}: failed (exit status {proc.returncode})", flush=True)
+                results[op, m.name] = {"row": {"op": OP_SYMBOL[op], "model": m.name,
+                                               **published_cells(protocol.name, op, m.name),
+                                               "success [95% CI]": "failed"},
+                                       "status": "failed", "layers": m.layers}
+    return [results[op, m.name] for op in ops for m in models]
+
+
+def merged_cells(protocol: Protocol, files: list[Path], seeds: int, steps: int) -> list[dict[str, Any]]:
+    """The cells of earlier runs in the protocol's order; a cell none of them has is "not
+    run". Runs of another protocol, seed count or length cannot share a table."""
+    found: dict[tuple[str, str], dict[str, Any]] = {}
+    symbol_op = {v: k for k, v in OP_SYMBOL.items()}
+    for f in files:
+        try:
+            payload = json.loads(f.read_text())
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"error: cannot read {f}: {e}") from None
+        got = (payload.get("protocol"), payload.get("seeds"), payload.get("steps"))
+        if got != (protocol.name, seeds, steps):
+            raise SystemExit(f"error: {f} is protocol {got[0]} with {got[1]} seeds × {got[2]} steps; "
+                             f"this table is {protocol.name} with {seeds} × {steps} "
+                             "(give --seeds/--steps to match)")
+        for cell in payload["cells"]:
+            key = (symbol_op[cell["row"]["op"]], cell["row"]["model"])
+            if key in found:
+                raise SystemExit(f"error: the cell {key[0]} {key[1]} is in more than one file; keep one")
+            found[key] = cell
+    cells = []
+    for op in protocol.operations:
+        for m in protocol.models:
+            cells.append(found.get((op, m.name)) or {
+                "row": {"op": OP_SYMBOL[op], "model": m.name, **published_cells(protocol.name, op, m.name),
+                        "success [95% CI]": "not run"},
+                "status": "not run", "layers": m.layers})
+    return cells
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, protocol, ops, models = parse_args(argv)
     shortened = args.steps != protocol.steps
-    print(f"{protocol.title}: {len(models)} models × {len(ops)} ops × {args.seeds} seeds × {args.steps} steps"
-          f"{' (shortened: not the paper protocol)' if shortened else ''}; {protocol.note}", flush=True)
     started = time.perf_counter()
-    results = [run_cell(protocol, op, m, args) for op in ops for m in models]
+    if args.merge:
+        results = merged_cells(protocol, args.merge, args.seeds, args.steps)
+        print(f"{protocol.title}: {sum(r['status'] == 'ok' for r in results)} of {len(results)} cells "
+              f"from {len(args.merge)} file(s)", flush=True)
+    else:
+        print(f"{protocol.title}: {len(models)} models × {len(ops)} ops × {args.seeds} seeds × {args.steps} steps"
+              f"{' (shortened: not the paper protocol)' if shortened else ''}; {protocol.note}"
+              f"{f'; {args.jobs} cells at a time' if args.jobs > 1 else ''}", flush=True)
+        if args.jobs > 1:
+            results = run_in_processes(protocol, ops, models, args)
+        else:
+            results = [run_cell(protocol, op, m, args) for op in ops for m in models]
     rows = [r["row"] for r in results]
 
     title = (f"{protocol.title} — {args.seeds} seeds × {args.steps:,} steps"
              f"{' (SHORTENED)' if shortened else ''}; paper: 100 seeds × {protocol.steps:,} steps")
-    print_table(title, rows)
+    if not args.no_table:
+        print_table(title, rows)
     args.out.mkdir(parents=True, exist_ok=True)
     payload = {
         "protocol": protocol.name, "title": protocol.title, "note": protocol.note,
         "seeds": args.seeds, "steps": args.steps, "protocol_steps": protocol.steps, "shortened": shortened,
         "device": args.device, "train": TRAIN, "elapsed_s": time.perf_counter() - started,
-        "columns": COLUMNS, "cells": results,
+        "machine": machine(), "columns": COLUMNS, "cells": results,
     }
+    if args.merge:
+        payload["merged_from"] = [str(f) for f in args.merge]
+        payload["device"] = sorted({str(r.get("device")) for r in results if r["status"] == "ok"})
+        machines: set[str] = set()
+        for f in args.merge:  # a run's own (str) or a merged file's (list)
+            got = json.loads(f.read_text()).get("machine", "not recorded")
+            machines.update([got] if isinstance(got, str) else got)
+        payload["machine"] = sorted(machines)
     (args.out / f"{protocol.name}.json").write_text(json.dumps(payload, indent=1, allow_nan=False))
     (args.out / f"{protocol.name}.md").write_text(
         f"## {title}\n\nSettings: {protocol.note}; Adam lr 1e-3, batch 128, evaluation every "

@@ -94,3 +94,74 @@ def test_the_reference_init_script_trains_from_the_reference_draw(capsys):
     split = module.main(["--seeds", "4", "--steps", "20"])
     assert sum(n for n, _ in split.values()) == 4
     assert "from the reference's initial weights of seeds 0-3" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # ~10 s: three tiny cells, two of them in child processes
+def test_jobs_train_each_cell_in_its_own_process_with_the_same_seeds(tmp_path, capsys):
+    """``--jobs 2`` runs each cell as a child process of the script and writes one table of
+    them all; a seed's outcome does not depend on which process trained it."""
+    rep = _reproduce()
+    common = ["small_mul", "--seeds", "2", "--steps", "200", "--device", "cpu"]
+    assert rep.main([*common, "--models", "NALU,NMU", "--jobs", "2", "--out", str(tmp_path / "jobs")]) == 0
+    data = json.loads((tmp_path / "jobs" / "small_mul.json").read_text())
+    assert [(c["row"]["model"], c["status"]) for c in data["cells"]] == [("NALU", "ok"), ("NMU", "ok")]
+    assert sorted(p.name for p in (tmp_path / "jobs" / "cells").iterdir()) == ["mul-NALU", "mul-NMU"]
+    assert rep.main([*common, "--models", "NMU", "--out", str(tmp_path / "one")]) == 0
+    alone = json.loads((tmp_path / "one" / "small_mul.json").read_text())["cells"][0]
+    assert data["cells"][1]["seeds"] == alone["seeds"]
+    assert "2 cells at a time" in capsys.readouterr().out
+
+
+def test_a_cell_whose_process_fails_gets_a_failed_row(tmp_path, monkeypatch, capsys):
+    rep = _reproduce()
+    monkeypatch.setattr(sys, "executable", "/bin/false")  # every child exits 1 at once
+    out = tmp_path / "out"
+    assert rep.main(["small_mul", "--seeds", "2", "--steps", "20", "--jobs", "3", "--out", str(out)]) == 0
+    data = json.loads((out / "small_mul.json").read_text())
+    assert [c["status"] for c in data["cells"]] == ["failed"] * 4
+    assert data["cells"][3]["row"]["success [95% CI]"] == "failed"
+    assert "mul NMU: failed (exit status 1)" in capsys.readouterr().out
+
+
+def test_merge_writes_the_table_of_cells_run_apart(tmp_path, capsys):
+    """``--merge`` puts cells of earlier runs (here the committed H100 cells of the arithmetic
+    protocol) in the protocol's order; the cells no file has are "not run"; files of another
+    length or with the same cell twice are refused with a sentence, not a traceback."""
+    rep = _reproduce()
+    committed = ROOT / "benchmarks" / "reproduce_arithmetic.json"
+    out = tmp_path / "out"
+    assert rep.main(["arithmetic", "--merge", str(committed), "--out", str(out)]) == 0
+    data = json.loads((out / "arithmetic.json").read_text())
+    assert len(data["cells"]) == 28 and not data["shortened"]
+    done = [(c["row"]["op"], c["row"]["model"]) for c in data["cells"] if c["status"] == "ok"]
+    assert done == [("×", "NAC•"), ("×", "NMU")]
+    assert sum(c["status"] == "not run" for c in data["cells"]) == 26
+    assert "2 of 28 cells from 1 file(s)" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="5000000 steps; this table is arithmetic with 100 × 1000"):
+        rep.main(["arithmetic", "--merge", str(committed), "--steps", "1000", "--out", str(out)])
+    with pytest.raises(SystemExit, match="more than one file"):
+        rep.main(["arithmetic", "--merge", str(committed), str(committed), "--out", str(out)])
+
+
+def test_the_committed_arithmetic_cells_are_the_papers_protocol():
+    """The README's arithmetic rows come from `benchmarks/reproduce_arithmetic.json`: full
+    length, 100 seeds, the protocol's settings as the script states them today."""
+    rep = _reproduce()
+    data = json.loads((ROOT / "benchmarks" / "reproduce_arithmetic.json").read_text())
+    protocol = rep.PROTOCOLS["arithmetic"]
+    assert (data["seeds"], data["steps"], data["shortened"]) == (100, protocol.steps, False)
+    for cell in [c for c in data["cells"] if c["status"] == "ok"]:
+        model = next(m for m in protocol.models if m.name == cell["row"]["model"])
+        expected = rep.run_config(protocol, "mul", model, 100, protocol.steps, "cuda").model_dump(mode="json")
+        assert cell["config"] == expected, model.name
+        assert len(cell["seeds"]) == 100 and cell["aggregate"]["successes"] == sum(s["success"] for s in cell["seeds"])
+
+
+def test_the_committed_arithmetic_nac_mul_outcomes_follow_the_current_initial_signs(capsys):
+    """The README's reading of the arithmetic × NAC• row (run on an H100) by its seeds'
+    initial signs, rebuilt on the CPU from the cell's config: the initial weights are drawn
+    on the host, so they are the GPU run's; a change of the initialisation fails this."""
+    module = _benchmark("nac_mul_init_signs")
+    split = module.main([str(ROOT / "benchmarks" / "reproduce_arithmetic.json")])
+    assert split == {0: (27, 14), 1: (48, 3), 2: (25, 25)}
+    assert "NAC• × on arithmetic" in capsys.readouterr().out
