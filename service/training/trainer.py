@@ -100,8 +100,7 @@ class Trainer(Evaluation):
         self._reset_positions(list(range(self.num_seeds)))
         self.model.clamp_()
         self.params = [p for p in self.model.parameters()]
-        self.optimizer = BatchedOptimizer(self.params, t.optimizer,
-                                          self.settings.per_seed(lambda m: m.train.optimizer))
+        self.optimizer = BatchedOptimizer(self.params, t.optimizer, self.settings.per_seed(lambda m: m.train.optimizer))
 
         self.data_keys = self._stream_keys("data")
         self.noise_keys = self._stream_keys("noise")
@@ -139,16 +138,14 @@ class Trainer(Evaluation):
         if use_compile:
             # One graph for the whole step: forward, the gradient and the update. Dynamo
             # traces `torch.autograd.grad` only with this flag (else it breaks the graph
-            # there); it is read when a graph is traced, so it is set for the process.
-            # The key first exists in torch 2.11: an older torch (outside the tested range
-            # of pyproject.toml) compiles with a graph break there instead of crashing.
+            # there); it is read when a graph is traced, so it is set for the process (the
+            # key exists from torch 2.11; an older one compiles with a graph break there).
             if hasattr(torch._dynamo.config, "trace_autograd_ops"):
                 torch._dynamo.config.trace_autograd_ops = True
             # one code object for all trainers: past dynamo's 8 compilations it ran eagerly
             for key in ("recompile_limit", "accumulated_recompile_limit"):
                 setattr(torch._dynamo.config, key, max(getattr(torch._dynamo.config, key), 1 << 14))
-            # torch 2.11's inductor asserted in its loop reordering of a foreach kernel when
-            # compiling a one-seed step for CUDA (tests/training/test_cuda.py): it is off there
+            # on CUDA torch 2.11's inductor asserted in loop reordering on a one-seed step
             options = {"loop_ordering_after_fusion": False} if self.device.type == "cuda" else None
             self._step = torch.compile(self._step_eager, dynamic=False, options=options)
             if self.device.type == "cpu":  # the graph allocates its batch afresh each step:
