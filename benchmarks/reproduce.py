@@ -28,10 +28,12 @@ t for means, order statistics for the median).
 Writes ``DIR/PROTOCOL.json`` (settings, aggregates, per-seed outcomes, published figures)
 and ``DIR/PROTOCOL.md`` (the table).
 
-A GPU runs one cell's small kernels far from full: ``--jobs N`` trains N cells at once, each
-in its own process (its JSON under ``DIR/cells/``), then writes the table of them all.
-``--merge FILE...`` writes the table from cells run earlier (other processes, machines or
-sessions): cells of the same protocol, seeds and length; a cell not among them is "not run".
+Each finished cell is also written to ``DIR/cells/<op>-<model>/``, and a cell in training
+saves its trainer state there every ``--checkpoint-every`` evaluations: ``--resume`` keeps
+the finished cells and continues the others where they stopped (a lent GPU machine that
+goes away mid-protocol loses minutes, not hours). ``--jobs N`` trains N cells at once, each
+in its own process. ``--merge FILE...`` writes the table from cells run earlier (other
+machines or sessions): the same protocol, seeds and length; a cell none has is "not run".
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.config import RunConfig  # noqa: E402
 from service.training import Trainer  # noqa: E402
+from service.training.checkpoint import CheckpointError, TrainerCheckpoint  # noqa: E402
 
 # -- the protocols ------------------------------------------------------------------------------
 # Shared by both protocols (the reference code's defaults for these experiments): Adam,
@@ -235,9 +238,13 @@ def print_table(title: str, rows: list[dict[str, str]]) -> None:
 
 
 # -- running ------------------------------------------------------------------------------------
-def run_cell(protocol: Protocol, op: str, model: Model, args: argparse.Namespace) -> dict[str, Any]:
+def run_cell(protocol: Protocol, op: str, model: Model, args: argparse.Namespace,
+             checkpoint: Path | None = None) -> dict[str, Any]:
     """Train one (operation, model) cell over every seed; a model whose configuration does
-    not validate (or cannot be built) yet gives a "not available" row instead."""
+    not validate (or cannot be built) yet gives a "not available" row instead. With
+    ``checkpoint``, the trainer's state is saved there every ``args.checkpoint_every``
+    evaluations, and with ``args.resume`` a checkpoint found there is continued (the same
+    trajectory as a run never stopped: `service.training.checkpoint`)."""
     base = {"op": OP_SYMBOL[op], "model": model.name, **published_cells(protocol.name, op, model.name)}
     try:
         config = run_config(protocol, op, model, args.seeds, args.steps, args.device)
@@ -247,14 +254,29 @@ def run_cell(protocol: Protocol, op: str, model: Model, args: argparse.Namespace
         print(f"  {op} {model.name}: not available ({type(e).__name__}: {reason})", flush=True)
         return {"row": {**base, "success [95% CI]": "not available"}, "status": "not available",
                 "reason": f"{type(e).__name__}: {reason}", "layers": model.layers}
+    resume = None
+    if checkpoint is not None and getattr(args, "resume", False) and checkpoint.exists():
+        try:
+            resume = TrainerCheckpoint.load(checkpoint)
+        except CheckpointError as e:
+            raise SystemExit(f"error: {op} {model.name}: {e}; delete {checkpoint} to start the cell afresh") from None
+        print(f"  {op} {model.name}: resuming from step {resume.step} ({checkpoint})", flush=True)
     started = time.perf_counter()
     marks = {round(config.train.steps * k / 10) for k in range(1, 10)}
 
     def on_eval(rep) -> None:  # a line at about every tenth of the run
+        if rep.checkpoint is not None and checkpoint is not None:
+            rep.checkpoint.save(checkpoint)
         if any(rep.step >= m > rep.step - config.train.eval_every for m in marks):
             print(f"    {op} {model.name}: step {rep.step}/{rep.total_steps}, {rep.elapsed_s:.0f} s", flush=True)
 
-    result = trainer.run(on_eval)
+    every = getattr(args, "checkpoint_every", 0) if checkpoint is not None else 0
+    try:
+        result = trainer.run(on_eval, resume_from=resume, checkpoint_every=every)
+    except CheckpointError as e:  # a checkpoint of another configuration
+        raise SystemExit(f"error: {op} {model.name}: {e}; delete {checkpoint} to start the cell afresh") from None
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)  # the cell's JSON is its result from here on
     elapsed = time.perf_counter() - started
     agg = result.aggregate.model_dump(mode="json")
     rate = config.train.steps * config.seeds / max(elapsed, 1e-9)
@@ -287,12 +309,20 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Protocol, li
                              "about 1.3x the seed·steps/s of 1, 6 no more than 2; README)")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="FILE",
                         help="write the table from these PROTOCOL.json files of earlier runs; no training")
-    parser.add_argument("--no-table", action="store_true", help=argparse.SUPPRESS)  # a --jobs child
+    parser.add_argument("--checkpoint-every", type=int, default=250, metavar="K",
+                        help="save each cell's trainer state every K evaluations, to "
+                             "DIR/cells/<cell>/checkpoint.pt (0: never; default 250)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the cells already finished under DIR/cells and continue the "
+                             "others from their checkpoints (same seeds and length)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # a --jobs child: one cell into OUT
     args = parser.parse_args(argv)
     protocol = PROTOCOLS[args.protocol]
     args.steps = args.steps or protocol.steps
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
+    if args.checkpoint_every < 0:
+        parser.error("--checkpoint-every must be 0 (never) or more")
     models = protocol.models
     if args.models:
         wanted = [m.strip() for m in args.models.split(",")]
@@ -325,11 +355,27 @@ def cell_dir(out: Path, op: str, model: Model) -> Path:
     return out / "cells" / f"{op}-{re.sub(r'[^A-Za-z0-9]+', '_', name).strip('_')}"
 
 
-def run_in_processes(protocol: Protocol, ops: list[str], models: list[Model],
-                     args: argparse.Namespace) -> list[dict[str, Any]]:
+def cell_files(args: argparse.Namespace, protocol: Protocol, op: str, model: Model) -> tuple[Path, Path]:
+    """(result JSON, checkpoint) of one cell, in ``OUT/cells/<cell>/``; a ``--jobs`` child
+    is handed that folder as its OUT."""
+    folder = args.out if args.child else cell_dir(args.out, op, model)
+    return folder / f"{protocol.name}.json", folder / "checkpoint.pt"
+
+
+def kept_cell(path: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """A finished cell of an earlier run (``--resume``), if it has this run's seeds and length."""
+    payload = json.loads(path.read_text())
+    if (payload.get("seeds"), payload.get("steps")) != (args.seeds, args.steps):
+        raise SystemExit(f"error: {path} has {payload.get('seeds')} seeds × {payload.get('steps')} steps, "
+                         f"this run {args.seeds} × {args.steps}: use another --out, or drop --resume")
+    return payload["cells"][0]
+
+
+def run_in_processes(protocol: Protocol, todo: list[tuple[str, Model]],
+                     args: argparse.Namespace) -> dict[tuple[str, str], dict[str, Any]]:
     """Every cell in a child process of this script, ``args.jobs`` at a time; a child that
     fails leaves a "failed" row (its output says why) and the others go on."""
-    todo = [(op, m) for op in ops for m in models]
+    todo = list(todo)
     running: list[tuple[str, Model, subprocess.Popen]] = []
     results: dict[tuple[str, str], dict[str, Any]] = {}
     while todo or running:
@@ -337,7 +383,8 @@ def run_in_processes(protocol: Protocol, ops: list[str], models: list[Model],
             op, m = todo.pop(0)
             cmd = [sys.executable, str(Path(__file__).resolve()), protocol.name, "--ops", op,
                    "--models", m.name, "--seeds", str(args.seeds), "--steps", str(args.steps),
-                   "--device", args.device, "--out", str(cell_dir(args.out, op, m)), "--no-table"]
+                   "--device", args.device, "--out", str(cell_dir(args.out, op, m)),
+                   "--checkpoint-every", str(args.checkpoint_every), "--child"] + (["--resume"] if args.resume else [])
             running.append((op, m, subprocess.Popen(cmd)))
         time.sleep(0.2)
         for entry in [r for r in running if r[2].poll() is not None]:
@@ -352,7 +399,7 @@ def run_in_processes(protocol: Protocol, ops: list[str], models: list[Model],
                                                **published_cells(protocol.name, op, m.name),
                                                "success [95% CI]": "failed"},
                                        "status": "failed", "layers": m.layers}
-    return [results[op, m.name] for op in ops for m in models]
+    return results
 
 
 def merged_cells(protocol: Protocol, files: list[Path], seeds: int, steps: int) -> list[dict[str, Any]]:
@@ -385,34 +432,15 @@ def merged_cells(protocol: Protocol, files: list[Path], seeds: int, steps: int) 
     return cells
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, protocol, ops, models = parse_args(argv)
-    shortened = args.steps != protocol.steps
-    started = time.perf_counter()
-    if args.merge:
-        results = merged_cells(protocol, args.merge, args.seeds, args.steps)
-        print(f"{protocol.title}: {sum(r['status'] == 'ok' for r in results)} of {len(results)} cells "
-              f"from {len(args.merge)} file(s)", flush=True)
-    else:
-        print(f"{protocol.title}: {len(models)} models × {len(ops)} ops × {args.seeds} seeds × {args.steps} steps"
-              f"{' (shortened: not the paper protocol)' if shortened else ''}; {protocol.note}"
-              f"{f'; {args.jobs} cells at a time' if args.jobs > 1 else ''}", flush=True)
-        if args.jobs > 1:
-            results = run_in_processes(protocol, ops, models, args)
-        else:
-            results = [run_cell(protocol, op, m, args) for op in ops for m in models]
-    rows = [r["row"] for r in results]
-
-    title = (f"{protocol.title} — {args.seeds} seeds × {args.steps:,} steps"
-             f"{' (SHORTENED)' if shortened else ''}; paper: 100 seeds × {protocol.steps:,} steps")
-    if not args.no_table:
-        print_table(title, rows)
-    args.out.mkdir(parents=True, exist_ok=True)
+def write_outputs(folder: Path, protocol: Protocol, args: argparse.Namespace, results: list[dict[str, Any]],
+                  elapsed_s: float, title: str) -> None:
+    """``folder/PROTOCOL.json`` (settings, cells, the machine) and ``folder/PROTOCOL.md`` (the table)."""
+    folder.mkdir(parents=True, exist_ok=True)
     payload = {
         "protocol": protocol.name, "title": protocol.title, "note": protocol.note,
-        "seeds": args.seeds, "steps": args.steps, "protocol_steps": protocol.steps, "shortened": shortened,
-        "device": args.device, "train": TRAIN, "elapsed_s": time.perf_counter() - started,
-        "machine": machine(), "columns": COLUMNS, "cells": results,
+        "seeds": args.seeds, "steps": args.steps, "protocol_steps": protocol.steps,
+        "shortened": args.steps != protocol.steps, "device": args.device, "train": TRAIN,
+        "elapsed_s": elapsed_s, "machine": machine(), "columns": COLUMNS, "cells": results,
     }
     if args.merge:
         payload["merged_from"] = [str(f) for f in args.merge]
@@ -422,11 +450,51 @@ def main(argv: list[str] | None = None) -> int:
             got = json.loads(f.read_text()).get("machine", "not recorded")
             machines.update([got] if isinstance(got, str) else got)
         payload["machine"] = sorted(machines)
-    (args.out / f"{protocol.name}.json").write_text(json.dumps(payload, indent=1, allow_nan=False))
-    (args.out / f"{protocol.name}.md").write_text(
+    (folder / f"{protocol.name}.json").write_text(json.dumps(payload, indent=1, allow_nan=False))
+    (folder / f"{protocol.name}.md").write_text(
         f"## {title}\n\nSettings: {protocol.note}; Adam lr 1e-3, batch 128, evaluation every "
         f"{min(1000, args.steps)} steps; sparsity error over solved seeds at their best-validation step.\n\n"
-        + markdown(rows) + "\n")
+        + markdown([r["row"] for r in results]) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, protocol, ops, models = parse_args(argv)
+    shortened = args.steps != protocol.steps
+    title = (f"{protocol.title} — {args.seeds} seeds × {args.steps:,} steps"
+             f"{' (SHORTENED)' if shortened else ''}; paper: 100 seeds × {protocol.steps:,} steps")
+    started = time.perf_counter()
+    if args.merge:
+        results = merged_cells(protocol, args.merge, args.seeds, args.steps)
+        print(f"{protocol.title}: {sum(r['status'] == 'ok' for r in results)} of {len(results)} cells "
+              f"from {len(args.merge)} file(s)", flush=True)
+    else:
+        print(f"{protocol.title}: {len(models)} models × {len(ops)} ops × {args.seeds} seeds × {args.steps} steps"
+              f"{' (shortened: not the paper protocol)' if shortened else ''}; {protocol.note}"
+              f"{f'; {args.jobs} cells at a time' if args.jobs > 1 else ''}", flush=True)
+        done: dict[tuple[str, str], dict[str, Any]] = {}
+        todo: list[tuple[str, Model]] = []
+        for op in ops:
+            for m in models:
+                result_file, _ = cell_files(args, protocol, op, m)
+                if args.resume and not args.child and result_file.exists():
+                    done[op, m.name] = kept_cell(result_file, args)
+                    print(f"  {op} {m.name}: kept from {result_file}", flush=True)
+                else:
+                    todo.append((op, m))
+        if args.jobs > 1:
+            done.update(run_in_processes(protocol, todo, args))
+        for op, m in todo if args.jobs == 1 else []:
+            result_file, checkpoint = cell_files(args, protocol, op, m)
+            cell_started = time.perf_counter()
+            done[op, m.name] = run_cell(protocol, op, m, args, checkpoint if args.checkpoint_every else None)
+            if not args.child:  # a finished cell is kept apart, for --resume and --merge
+                write_outputs(result_file.parent, protocol, args, [done[op, m.name]],
+                              time.perf_counter() - cell_started, title)
+        results = [done[op, m.name] for op in ops for m in models]
+
+    if not args.child:
+        print_table(title, [r["row"] for r in results])
+    write_outputs(args.out, protocol, args, results, time.perf_counter() - started, title)
     print(f"wrote {args.out / (protocol.name + '.json')} and {args.out / (protocol.name + '.md')}", flush=True)
     return 0
 

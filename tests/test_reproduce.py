@@ -165,3 +165,51 @@ def test_the_committed_arithmetic_nac_mul_outcomes_follow_the_current_initial_si
     split = module.main([str(ROOT / "benchmarks" / "reproduce_arithmetic.json")])
     assert split == {0: (27, 14), 1: (48, 3), 2: (25, 25)}
     assert "NAC• × on arithmetic" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # ~15 s: one cell trained whole, and once killed at a checkpoint and resumed
+def test_a_killed_cell_resumes_from_its_checkpoint_to_the_same_outcome(tmp_path, capsys):
+    """A protocol run killed (SIGKILL) in the middle of a cell continues with ``--resume``
+    from the cell's last checkpoint and ends with the same per-seed outcomes, bit for bit,
+    as the run never stopped; the finished cell keeps no checkpoint."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    rep = _reproduce()
+    args = ["small_mul", "--seeds", "2", "--steps", "8000", "--models", "NMU", "--device", "cpu",
+            "--checkpoint-every", "1"]
+    killed = tmp_path / "killed"
+    checkpoint = killed / "cells" / "mul-NMU" / "checkpoint.pt"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "reproduce.py"), *args, "--out", str(killed)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not checkpoint.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert checkpoint.exists() and not (killed / "small_mul.json").exists()
+
+    assert rep.main([*args, "--out", str(killed), "--resume"]) == 0
+    printed = capsys.readouterr().out
+    import re
+
+    resumed_at = int(re.search(r"mul NMU: resuming from step (\d+)", printed).group(1))
+    progress = [int(n) for n in re.findall(r"mul NMU: step (\d+)/8000", printed)]
+    assert resumed_at >= 1000 and progress and min(progress) > resumed_at  # continued, not restarted
+    assert not checkpoint.exists()
+    assert rep.main([*args, "--out", str(tmp_path / "whole")]) == 0
+    resumed = json.loads((killed / "small_mul.json").read_text())["cells"][0]
+    whole = json.loads((tmp_path / "whole" / "small_mul.json").read_text())["cells"][0]
+    assert resumed["seeds"] == whole["seeds"] and resumed["aggregate"] == whole["aggregate"]
+
+
+def test_resume_refuses_cells_of_another_length(tmp_path):
+    rep = _reproduce()
+    out = tmp_path / "out"
+    assert rep.main(["small_mul", "--seeds", "2", "--steps", "20", "--models", "NMU", "--out", str(out)]) == 0
+    with pytest.raises(SystemExit, match="has 2 seeds × 20 steps, this run 2 × 40"):
+        rep.main(["small_mul", "--seeds", "2", "--steps", "40", "--models", "NMU", "--out", str(out), "--resume"])
