@@ -213,3 +213,10 @@ def test_resume_refuses_cells_of_another_length(tmp_path):
     assert rep.main(["small_mul", "--seeds", "2", "--steps", "20", "--models", "NMU", "--out", str(out)]) == 0
     with pytest.raises(SystemExit, match="has 2 seeds × 20 steps, this run 2 × 40"):
         rep.main(["small_mul", "--seeds", "2", "--steps", "40", "--models", "NMU", "--out", str(out), "--resume"])
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the refusal without a GPU")
+def test_the_gpu_step_breakdown_says_it_needs_a_gpu(capsys):
+    module = _benchmark("gpu_step_breakdown")
+    assert module.main([]) == 2
+    assert "torch sees no CUDA device" in capsys.readouterr().err
