@@ -279,7 +279,7 @@ def run_cell(protocol: Protocol, op: str, model: Model, args: argparse.Namespace
         checkpoint.unlink(missing_ok=True)  # the cell's JSON is its result from here on
     elapsed = time.perf_counter() - started
     agg = result.aggregate.model_dump(mode="json")
-    rate = config.train.steps * config.seeds / max(elapsed, 1e-9)
+    rate = (config.train.steps - (resume.step if resume else 0)) * config.seeds / max(elapsed, 1e-9)  # this process's
     print(f"  {op} {model.name}: {agg['successes']}/{agg['n_seeds']} solved, {elapsed:.0f} s "
           f"({rate:,.0f} seed·steps/s, {'compiled' if result.compiled else 'eager'})", flush=True)
     return {
