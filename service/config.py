@@ -6,17 +6,19 @@ Configs flow one way: search space → `RunConfig` → batched trainer → per-s
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field, SerializeAsAny, field_validator, model_validator
 
 from service import limits
 from service.frozen import Frozen
 from service.tasks import Task, parse_task
 from service.units.init import parse_init
-from service.units.registry import get_unit
+from service.units.options import unit_options
 from service.units.schedule import RegularizerSchedule
+
+if TYPE_CHECKING:
+    import torch
 
 REFERENCE_STEPS = 5_000_000
 """Length of the reference code's runs, for which its regulariser schedules were chosen."""
@@ -46,8 +48,7 @@ class LayerConfig(Frozen):
 
     @model_validator(mode="after")
     def _check(self) -> "LayerConfig":
-        cls = get_unit(self.unit)  # unknown name -> error listing the valid ones
-        cls.Options(**self.options)
+        unit_options(self.unit)(**self.options)  # an unknown name: the error lists the valid ones
         parse_init(self.init)
         return self
 
@@ -78,6 +79,8 @@ class OptimizerConfig(Frozen):
         """Learning rate at ``step`` (a tensor, so a compiled step is not re-traced)."""
         if self.lr_schedule == "constant":
             return self.lr
+        import torch  # not at the top: configs are checked where torch is not loaded
+
         p = (step / max(1, total_steps)).clamp(0.0, 1.0)
         if self.lr_schedule == "cosine":
             return self.lr_min + 0.5 * (self.lr - self.lr_min) * (1 + torch.cos(math.pi * p))
@@ -159,6 +162,8 @@ class RunConfig(Frozen):
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         return torch.float64 if self.dtype == "float64" else torch.float32
 
     def regularizer(self) -> RegularizerSchedule:

@@ -18,7 +18,7 @@ LAYERS: list[set[str]] = [
     {"native"},
     {"seeding"},
     {"units", "tasks"},
-    {"config"},
+    {"config", "pack_structure"},
     {"scoring"},
     {"training"},
     {"search"},

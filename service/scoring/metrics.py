@@ -10,11 +10,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Annotated, Any, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Sequence
 
 import numpy as np
-import torch
 from pydantic import BaseModel, ConfigDict, PlainSerializer
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _finite_or_none(value: float | None) -> float | None:
@@ -372,6 +374,8 @@ def sparsity_error(weights: Sequence[torch.Tensor | np.ndarray]) -> torch.Tensor
     A torch tensor (on the weights' device) when every weight is one, else numpy float64.
     NaN weights give NaN for that seed.
     """
+    import torch
+
     if not weights:
         raise ValueError("sparsity_error needs at least one weight tensor")
     if all(isinstance(w, torch.Tensor) for w in weights):

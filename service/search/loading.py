@@ -145,7 +145,7 @@ def _allowed_keys_at(loc: list[Any], data: dict[str, Any]) -> tuple[list[str] | 
     from pydantic import BaseModel as _Model
 
     from service.config import LayerConfig, RunConfig
-    from service.units.registry import get_unit
+    from service.units.options import unit_options
 
     model: Any = RunConfig
     node: Any = data
@@ -171,7 +171,7 @@ def _allowed_keys_at(loc: list[Any], data: dict[str, Any]) -> tuple[list[str] | 
         model = found
     if model is LayerConfig and isinstance(node, dict) and "unit" in node:
         try:
-            return sorted(get_unit(str(node["unit"])).Options.model_fields), str(node["unit"])
+            return sorted(unit_options(str(node["unit"])).model_fields), str(node["unit"])
         except Exception:  # noqa: BLE001 - an unknown unit is reported on its own
             return None, None
     return list(model.model_fields), None

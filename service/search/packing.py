@@ -16,7 +16,7 @@ from service.search.space import CategoricalParam, SearchSpace
 
 def packable_params(space: SearchSpace) -> set[str]:
     """Names of the parameters that may take another value in each member of a pack."""
-    from service.training.packing import packable_path
+    from service.pack_structure import packable_path
 
     candidates = {name for name, p in space.params.items()
                   if not isinstance(p, CategoricalParam) and all(packable_path(t) for t in p.targets(name))}
@@ -28,9 +28,9 @@ def pack_problems(space: SearchSpace) -> list[tuple[str, str]]:
     configs themselves are known to build)."""
     if space.pack == 1:
         return []
+    from service.pack_structure import packable
     from service.search.assign import run_configs
     from service.search.targets import searched_values
-    from service.training.packing import packable
 
     if space.sampler.type == "grid":
         return [("pack", ("a grid sampler sets categorical parameters only, so the trials of a pack could not "

@@ -32,8 +32,11 @@ streams — seed a's initialisation and seed b's third re-initialisation — 32 
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
 
 SEED_ID_LIMIT = 1 << 32
 """Seed ids are 32-bit counter words: 0 <= id < 2**32."""
@@ -49,6 +52,8 @@ def derive_seed(master_seed: int, *path: str | int) -> int:
 def generator_for(master_seed: int, *path: str | int) -> torch.Generator:
     """A CPU generator seeded for the named stream (evaluation sets, thresholds: one per
     task, not one per training seed; those use `seed_generator`)."""
+    import torch
+
     return torch.Generator().manual_seed(derive_seed(master_seed, *path))
 
 
@@ -69,6 +74,8 @@ def seed_generator(master_seed: int, stream: str, seed_id: int) -> torch.Generat
     """Seed ``seed_id``'s CPU generator for ``stream`` (``"init"``, ``"reinit/2"``): its
     32-bit torch seed is ``permute32(seed_id ^ k0) ^ k1`` under the stream's key, a
     bijection of the seed id, so two seeds of a run never start from the same state."""
+    import torch
+
     if not 0 <= int(seed_id) < SEED_ID_LIMIT:
         raise ValueError(f"seed id {seed_id} is outside [0, 2**32)")
     k0, k1 = stream_key(master_seed, f"torch/{stream}")
@@ -85,6 +92,8 @@ def stream_key(master_seed: int, stream: str) -> tuple[int, int]:
 def stream_keys(master_seed: int, stream: str, seed_ids: list[int]) -> torch.Tensor:
     """Per-seed stream keys ``[S, 3]`` (int64 rows ``(k0, k1, seed_id)``) for the generator in
     `service.seeding.generator`; distinct seed ids give distinct streams."""
+    import torch
+
     k0, k1 = stream_key(master_seed, stream)
     rows = []
     for s in seed_ids:

@@ -20,15 +20,15 @@ from rich.text import Text
 
 from service.formatting import fmt_param
 from service.scoring.objective import OBJECTIVE
-from service.sweep.pack import (
+from service.sweep.results import (
     DONE,
     PACK_MEMBERS,
     PRUNED,
     STATE,
+    STEP,
     member_key,
     member_results,
 )
-from service.sweep.trial import STEP
 
 _BOARDS: dict[str, "SweepBoard"] = {}
 MAX_ROWS = 16

@@ -37,12 +37,12 @@ from service.sweep.display import (
     register_board,
     unregister_board,
 )
+from service.sweep.logged_params import task_params
 from service.sweep.outcome import record_end, tune_trials
 from service.sweep.rungs import release_board
 from service.sweep.searcher import check_study, make_sampler, optuna_storage
 from service.sweep.study_sync import TrialRecords
 from service.sweep.trainable import TrialSettings, make_trainable
-from service.sweep.trial import task_params
 from service.tracking import runs, store
 from service.tracking.links import describe_experiment
 from service.tracking.store import Outcome

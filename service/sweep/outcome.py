@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from service.errors import UserError
 from service.formatting import redact
-from service.sweep.pack import DONE, PACK_MEMBERS, PRUNED, STATE, member_key, member_results
-from service.sweep.trial import STEP, is_metric_key
+from service.sweep.results import (
+    DONE, PACK_MEMBERS, PRUNED, STATE, STEP, is_metric_key, member_key, member_results,
+)
 from service.tracking import runs, store
 from service.tracking.best import record_best
 from service.tracking.queries import tally, trial_rows

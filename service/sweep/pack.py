@@ -25,7 +25,8 @@ from typing import Any
 from service.config import RunConfig
 from service.scoring.objective import OBJECTIVE
 from service.search.space import SearchSpace
-from service.sweep.trial import STEP, TaskScores, Tracker, TrialProgress, finish_trial
+from service.sweep.results import DONE, MEMBERS, PRUNED, RUNNING, STATE, STEP
+from service.sweep.trial import TaskScores, Tracker, TrialProgress, finish_trial
 from service.sweep.trial_state import TrialState
 from service.tracking.store import TAG_DEVICE, Outcome
 from service.training.checkpoint import (
@@ -37,31 +38,7 @@ from service.training.checkpoint import (
 from service.training.packing import MemberEval, PackedTrainer
 from service.training.trainer import resolve_device
 
-PACK_MEMBERS = "__pack__"
-"""Key of a pack's Tune config: its members, ``[{number, params, RUN_CONFIGS}]``."""
-MEMBERS = "members"
-"""Prefix of a pack's result keys for its members: ``members/<index>/<metric, STEP or STATE>``
-(flat, as Tune flattens results for its searcher)."""
-STATE = "state"
-RUNNING, PRUNED, DONE = "running", "pruned", "done"
 FILE = "pack_state.pt"
-
-
-def member_key(trial_id: str, index: int) -> str:
-    """A member's trial key (its MLflow run's ``nalu_sweep.trial_key``; ``trial-<key>`` in
-    the CLI): the Tune trial of its pack and its place there."""
-    return f"{trial_id}.{index}"
-
-
-def member_results(result: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """``{member index: its metrics, STEP and STATE}`` from a pack's result."""
-    out: dict[int, dict[str, Any]] = {}
-    for key, value in result.items():
-        prefix, _, rest = key.partition("/")
-        index, _, name = rest.partition("/")
-        if prefix == MEMBERS and index.isdigit() and name:
-            out.setdefault(int(index), {})[name] = value
-    return out
 
 
 def report_index(space: SearchSpace, task_index: int, step: int) -> int:

@@ -23,13 +23,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from service.pack_structure import structure_key
 from service.search.assign import active_params, run_configs
 from service.search.packing import packable_params
 from service.search.space import SearchSpace
-from service.sweep.pack import DONE, PACK_MEMBERS, PRUNED, STATE, member_results
+from service.sweep.results import DONE, PACK_MEMBERS, PRUNED, STATE, member_results
 from service.sweep.rungs import RungSpec, board
 from service.sweep.searcher import RUN_CONFIGS, ResumableOptunaSearch
-from service.training.packing import structure_key
 
 logger = logging.getLogger(__name__)
 

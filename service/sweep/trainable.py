@@ -5,27 +5,22 @@ from its latest checkpoint, train, and close the run with the right outcome; or,
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from service.formatting import settings_label
 from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
 from service.sweep.cluster import gpu_ids, node_ip
-from service.sweep.pack import (
-    DONE,
-    PACK_MEMBERS,
-    RUNNING,
-    Member,
-    PackState,
-    member_key,
-    run_pack,
-)
+from service.sweep.logged_params import regularizer_params
+from service.sweep.results import DONE, PACK_MEMBERS, RUNNING, member_key
 from service.sweep.rungs import find_board
 from service.sweep.searcher import OPTUNA_TRIAL, RUN_CONFIGS
-from service.sweep.trial import TrialProgress, regularizer_params, run_trial
-from service.sweep.trial_state import TrialState
 from service.tracking import runs, store
 from service.tracking.store import Outcome
+
+if TYPE_CHECKING:  # the training code loads in the worker, never in the sweep's driver
+    from service.sweep.pack import PackState
+    from service.sweep.trial_state import TrialState
 
 TRAINABLE_NAME = "nalu_sweep_trial"
 
@@ -99,6 +94,9 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     import torch
     from ray import tune
 
+    from service.sweep.trial import TrialProgress, run_trial
+    from service.sweep.trial_state import TrialState
+
     context = tune.get_context()
     trial_id = context.get_trial_id()  # read first: stopping may interrupt anything later
     torch.set_num_threads(settings.threads)
@@ -141,6 +139,8 @@ def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
     import ray
     import torch
     from ray import tune
+
+    from service.sweep.pack import Member, PackState, run_pack
 
     trial_id = tune.get_context().get_trial_id()
     torch.set_num_threads(settings.threads)

@@ -26,26 +26,15 @@ from service.config import RunConfig
 from service.formatting import fmt_param
 from service.scoring.combine import combine_tasks
 from service.scoring.metrics import AggregateMetrics, aggregate, per_seed_metrics
-from service.scoring.objective import OBJECTIVE, objective_value
-from service.scoring.sequence import LONGEST_SOLVED, sequence_metrics
+from service.scoring.objective import objective_value
+from service.scoring.sequence import sequence_metrics
 from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
+from service.sweep.results import STEP
 from service.sweep.trial_state import TrialState
 from service.tracking.store import TAG_DEVICE, TAG_PARAMS_SHA256, Outcome
 from service.training import EvalReport, Trainer
 from service.training.result import RunResult
-
-STEP = "step"
-"""Reported with every result: training steps done by the trial (summed over its tasks)."""
-
-
-_METRIC_FIELDS = frozenset(AggregateMetrics.model_fields) | {OBJECTIVE, LONGEST_SOLVED}
-
-
-def is_metric_key(key: str) -> bool:
-    """True for the keys `run_trial` reports (``success_rate``, ``objective``,
-    ``extrapolation_mse_median.<range>``, ``<task>.<metric>``), not Tune's own."""
-    return any(c.split(".")[0] in _METRIC_FIELDS for c in (key, key.partition(".")[2]) if c)
 
 
 class Tracker(Protocol):
@@ -63,40 +52,6 @@ class TrialProgress:
     reports: int = 0
     results: dict[str, RunResult] = field(default_factory=dict)
     final_metrics: dict[str, float] = field(default_factory=dict)
-
-
-def task_params(space: SearchSpace) -> dict[str, Any]:
-    """The task parameters logged with each trial (``task.*``; ``task.<name>.*`` for
-    several tasks), plus seeds/steps/eval_every, which a success rate needs to be read."""
-    from service.tasks import parse_task
-
-    out: dict[str, Any] = {}
-    tasks = space.task_configs()
-    for name, data in tasks.items():
-        prefix = "task." if len(tasks) == 1 else f"task.{name}."
-        task = parse_task(data)
-        for key, value in task:
-            if isinstance(value, dict):
-                for sub, v in value.items():
-                    out[f"{prefix}{key}.{sub}"] = str(v)
-            else:
-                out[f"{prefix}{key}"] = str(value) if not isinstance(value, (int, float, str, bool)) else value
-        out[f"{prefix}kind"] = task.kind
-    out.update(seeds=space.seeds, steps=space.steps, eval_every=space.eval_every)
-    return out
-
-
-def regularizer_params(configs: dict[str, RunConfig]) -> dict[str, Any]:
-    """The regulariser schedule each task of the trial actually trains with (the space's,
-    else the reference default scaled to the run, `RunConfig.regularizer`), logged as
-    ``regularizer.*`` (``regularizer.<task>.*`` for several tasks)."""
-    out: dict[str, Any] = {}
-    for name, config in configs.items():
-        prefix = "regularizer." if len(configs) == 1 else f"regularizer.{name}."
-        schedule = config.regularizer()
-        out.update({f"{prefix}{key}": value for key, value in schedule.model_dump().items()})
-        out[f"{prefix}source"] = "reference_scaled" if config.train.regularizer is None else "config"
-    return out
 
 
 def partial_aggregate(trainer: Trainer, report: EvalReport) -> AggregateMetrics:

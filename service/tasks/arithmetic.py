@@ -3,13 +3,15 @@ Johansen 2020): ``t = a ∘ b`` with ``a``, ``b`` sums of two overlapping input 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field, model_validator
 
 from service.tasks.operations import Operation, apply_binary, check_operation_ranges
 from service.tasks.subsets import SubsetTask
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ArithmeticTask(SubsetTask):

@@ -14,15 +14,17 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
 from pydantic import Field, field_validator
 
 from service import limits
 from service.frozen import Frozen
 from service.seeding import generator_for
 from service.tasks.ranges import Range
+
+if TYPE_CHECKING:
+    import torch
 
 EVAL_MASTER_SEED = 20_191_017
 """Evaluation sets are drawn from this fixed seed: identical for every trial and seed."""
@@ -117,6 +119,8 @@ class Task(Frozen):
         ``w → w − ε·sign(w)`` for ``w ≠ 0`` (1 → 1 − ε, −1 → −1 + ε: the magnitude shrinks)
         and ``0 → ε`` (an unused input leaks in), as in SPEC.md §3.
         """
+        import torch
+
         sel = self.selection().to(torch.float64)
         return torch.where(sel == 0, torch.full_like(sel, epsilon), sel - epsilon * torch.sign(sel))
 
@@ -168,6 +172,8 @@ class Task(Frozen):
                            epsilon: float = THRESHOLD_EPSILON) -> float:
         """Monte-Carlo MSE (over samples and outputs) of the nearly perfect model against the
         exact one on ``rng``, in float64 and in chunks to bound memory."""
+        import torch
+
         total = 0.0
         done = 0
         while done < samples:
@@ -179,6 +185,8 @@ class Task(Frozen):
 
 
 def _draw_evaluation_set(task: Task, name: str, rng: Range) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
     gen = generator_for(EVAL_MASTER_SEED, "evaluation", name, task.dataset_seed)
     x = rng.sample((task.eval_samples, task.input_size), gen, dtype=torch.float64).to(torch.float32)
     t = task.target(x.to(torch.float64)).to(torch.float32)

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from pydantic import Field, model_validator
 
 from service.tasks.base import THRESHOLD_EPSILON, Task
@@ -16,6 +15,9 @@ from service.tasks.operations import (
     single_unit_weights,
     unit_for_operation,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 
 class BinaryOperationTask(Task):
@@ -37,6 +39,8 @@ class BinaryOperationTask(Task):
         return 1
 
     def selection(self) -> torch.Tensor:
+        import torch
+
         sel = torch.zeros(2, self.input_size, dtype=torch.float64)
         sel[0, 0] = 1.0
         sel[1, 1] = 1.0

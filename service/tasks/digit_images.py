@@ -16,14 +16,16 @@ import gzip
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from service.errors import UserError
 from service.seeding import generator_for
 from service.tasks.base import EVAL_MASTER_SEED
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 SPLIT_FRACTIONS = (0.6, 0.2, 0.2)
 _IDX_TYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
@@ -35,6 +37,8 @@ class DigitSplit:
     labels: Tensor  # [n] int64
 
     def only(self, digits: tuple[int, ...]) -> "DigitSplit":
+        import torch
+
         keep = torch.isin(self.labels, torch.tensor(digits))
         return DigitSplit(self.images[keep].contiguous(), self.labels[keep].contiguous())
 
@@ -75,6 +79,8 @@ def _find(directory: Path, stem: str) -> Path:
 
 
 def _split(images: np.ndarray, labels: np.ndarray, scale: float) -> DigitSplit:
+    import torch
+
     x = torch.from_numpy(images.reshape(images.shape[0], -1).astype(np.float32) / scale)
     return DigitSplit(x, torch.from_numpy(labels.astype(np.int64)))
 
@@ -116,6 +122,8 @@ def _bundled_arrays() -> tuple[np.ndarray, np.ndarray]:
 
 
 def _bundled() -> DigitSplits:
+    import torch
+
     images, labels = _bundled_arrays()
     order = torch.randperm(len(labels), generator=generator_for(EVAL_MASTER_SEED, "digits-split")).numpy()
     images, labels = images[order], labels[order]

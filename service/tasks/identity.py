@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import torch
 from pydantic import Field
 
 from service import limits
 from service.tasks.base import Task
 from service.tasks.ranges import Range
+
+if TYPE_CHECKING:
+    import torch
 
 Activation = Literal[
     "relu", "relu6", "sigmoid", "tanh", "leaky_relu", "elu", "selu", "prelu", "silu", "none"
@@ -40,6 +42,8 @@ class IdentityTask(Task):
         return 1
 
     def selection(self) -> torch.Tensor:
+        import torch
+
         return torch.ones(1, 1, dtype=torch.float64)
 
     def apply_operation(self, operands: torch.Tensor) -> torch.Tensor:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import torch
 from pydantic import Field
 
 from service.tasks.base import THRESHOLD_EPSILON, Task
 from service.tasks.operations import single_unit_error
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ManyOperandsTask(Task):
@@ -27,6 +29,8 @@ class ManyOperandsTask(Task):
         return 1
 
     def selection(self) -> torch.Tensor:
+        import torch
+
         return torch.eye(self.n_operands, dtype=torch.float64)
 
     def apply_operation(self, operands: torch.Tensor) -> torch.Tensor:
@@ -40,6 +44,8 @@ class ManyOperandsTask(Task):
     def nearly_perfect_error(self, x: torch.Tensor, epsilon: float = THRESHOLD_EPSILON) -> torch.Tensor:
         """One unit with all-ones weights (coefficients for a sum, exponents for a product),
         each moved to 1 − ε; see `single_unit_error`."""
+        import torch
+
         weights = torch.ones(self.n_operands, dtype=torch.float64)
         return single_unit_error(x, weights, self.operation == "sum", self.target(x), epsilon)
 

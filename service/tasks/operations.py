@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from service.tasks.ranges import Range
+
+if TYPE_CHECKING:
+    import torch
 
 Operation = Literal["add", "sub", "mul", "div", "squared", "root"]
 OPERATIONS: tuple[str, ...] = ("add", "sub", "mul", "div", "squared", "root")
@@ -14,6 +15,8 @@ OPERATIONS: tuple[str, ...] = ("add", "sub", "mul", "div", "squared", "root")
 
 def apply_binary(operation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a ∘ b`` elementwise; ``squared`` is ``a·a`` and ``root`` is ``√a`` (b unused)."""
+    import torch
+
     if operation == "add":
         return a + b
     if operation == "sub":
@@ -54,6 +57,8 @@ def single_unit_weights(operation: str, input_size: int) -> torch.Tensor:
     """The exact weights ``[I]`` (float64) of one unit computing ``x1 ∘ x2`` directly:
     coefficients for add/sub (``z = w·x``), exponents for the multiplicative operations
     (``z = ±Π |x_i|^{w_i}``: mul [1, 1], div [1, −1], squared [2, 0], root [½, 0])."""
+    import torch
+
     first, second = {
         "add": (1.0, 1.0), "sub": (1.0, -1.0), "mul": (1.0, 1.0), "div": (1.0, -1.0),
         "squared": (2.0, 0.0), "root": (0.5, 0.0),
@@ -65,6 +70,8 @@ def single_unit_weights(operation: str, input_size: int) -> torch.Tensor:
 
 def perturb(w: torch.Tensor, epsilon: float) -> torch.Tensor:
     """``w → w − ε·sign(w)`` for ``w ≠ 0`` (every magnitude shrinks), ``0 → ε``."""
+    import torch
+
     return torch.where(w == 0, torch.full_like(w, epsilon), w - epsilon * torch.sign(w))
 
 
@@ -76,6 +83,8 @@ def single_unit_error(x: torch.Tensor, weights: torch.Tensor, additive: bool,
     ``δ = x·Δw``. Multiplicative: the sign is kept and ``δ = t·(Π|x_i|^{Δw_i} − 1)``,
     computed as ``t·expm1(Δw·log|x|)`` for precision.
     """
+    import torch
+
     dw = (perturb(weights, epsilon) - weights).to(dtype=x.dtype, device=x.device)
     if additive:
         return (x @ dw).unsqueeze(-1)

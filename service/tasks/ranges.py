@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from service.seeding import generator as rng
+if TYPE_CHECKING:
+    import torch
 
 
 def _number(value: Any) -> bool:
@@ -91,9 +91,14 @@ class Range(BaseModel):
         """Map U[0,1) numbers onto the range, keeping each interval's share of the length
         (`service.seeding.generator.map_to_intervals`; its `sample` draws and maps in one
         pass)."""
+        from service.seeding import generator as rng
+
         return rng.map_to_intervals(u, self.intervals)
 
     def sample(self, shape: tuple[int, ...], generator: torch.Generator,
-               dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """Draw i.i.d. samples with a torch generator (evaluation sets, simulations)."""
-        return self.from_uniform(torch.rand(shape, generator=generator, dtype=dtype))
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Draw i.i.d. samples (float32 unless ``dtype``) with a torch generator (evaluation
+        sets, simulations)."""
+        import torch
+
+        return self.from_uniform(torch.rand(shape, generator=generator, dtype=dtype or torch.float32))

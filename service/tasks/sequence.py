@@ -22,13 +22,15 @@ import hashlib
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
 from pydantic import Field, field_validator, model_validator
-from torch import Tensor
 
 from service.tasks.base import Task, cache_dir, fields_of, read_cache, write_cache
+
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
 SequenceOperation = Literal["sum", "prod"]
 REFERENCE_CONFIDENCE = 0.99
@@ -171,6 +173,8 @@ class SequenceTask(Task):
 
 def upper_bound(errors: Tensor, confidence: float = REFERENCE_CONFIDENCE) -> Tensor:
     """``mean + z·sd/√N`` per column of ``errors [N, K]`` (one-sided, normal quantile)."""
+    import torch
+
     n = errors.shape[0]
     z = NormalDist().inv_cdf(confidence)
     sd = errors.std(0, unbiased=True) if n > 1 else torch.zeros_like(errors[0])

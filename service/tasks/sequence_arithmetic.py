@@ -9,17 +9,18 @@ Solved reference: the read-out's exact selection moved by ε = 1e-5 towards the 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
 from pydantic import Field, model_validator
-from torch import Tensor
 
 from service import limits
-from service.seeding import generator as rng
 from service.seeding import generator_for
 from service.tasks.base import EVAL_MASTER_SEED, THRESHOLD_EPSILON
 from service.tasks.sequence import SequenceSet, SequenceTask, length_name
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
 
 LENGTHS = {"sum": (10, (1, 10, 100, 1000)), "prod": (2, (1, 2, 5, 10, 20))}
 """``operation: (train_length, test_lengths)`` when the config names none."""
@@ -46,6 +47,8 @@ class SequenceArithmeticTask(SequenceTask):
 
     def selection(self) -> Tensor:
         """The read-out's exact weights ``[1, I]`` (float64)."""
+        import torch
+
         w = torch.zeros(1, self.input_size, dtype=torch.float64)
         w[0, self.subset_start:self.subset_start + self.subset_size] = 1.0
         return w
@@ -55,12 +58,16 @@ class SequenceArithmeticTask(SequenceTask):
         return [{"unit": "nau"}, {"unit": "nau" if self.operation == "sum" else "nmu"}]
 
     def train_batch(self, keys: Tensor, step: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
+        from service.seeding import generator as rng
+
         run = ((self.subset_start, self.subset_start + self.subset_size),)
         x, sums = rng.sample(keys, step, (batch_size, self.train_length, self.input_size),
                              self.interpolation.intervals, run)
         return x, self.accumulate(sums, 2)
 
     def _draw(self, name: str, length: int) -> tuple[Tensor, Tensor]:
+        import torch
+
         gen = generator_for(EVAL_MASTER_SEED, "evaluation", name, self.dataset_seed)
         x = self.interpolation.sample((self.eval_samples, length, self.input_size), gen,
                                       dtype=torch.float64).to(torch.float32)
@@ -80,6 +87,8 @@ class SequenceArithmeticTask(SequenceTask):
         rounding alone costs an exact model that accumulates step by step as the cell does
         (at length 1000 the rounding dominates: ~2e-6 against ~4e-8): per sequence, the sum
         of the two squared errors."""
+        import torch
+
         sel = self.selection()
         perturbed = torch.where(sel == 0, THRESHOLD_EPSILON, sel - THRESHOLD_EPSILON)
         reference = self.accumulate((data.inputs.double() @ perturbed.T).squeeze(-1), 1)
@@ -91,6 +100,8 @@ class SequenceArithmeticTask(SequenceTask):
     def accumulate_float32(self, x: Tensor) -> Tensor:
         """The exact model in float32, ``[N, L, I] → [N, L]``: the operand as a sum of its
         inputs in order, then ``h ← h + a`` (or ``h · a``) one step at a time."""
+        import torch
+
         a = x[..., self.subset_start]
         for i in range(self.subset_start + 1, self.subset_start + self.subset_size):
             a = a + x[..., i]

@@ -16,18 +16,19 @@ plus a one-sided 99% upper bound is the success threshold.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-import torch
 from pydantic import Field, model_validator
-from torch import Tensor
 
-from service.seeding import generator as rng
 from service.errors import UserError
 from service.seeding import generator_for
 from service.tasks.base import EVAL_MASTER_SEED
 from service.tasks.digit_images import DigitSplit, load_digit_splits
 from service.tasks.sequence import SequenceSet, SequenceTask, length_name
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
 
 LENGTHS = {
     "sum": (10, (1, 10, 100, 200, 300, 400, 500, 600, 700, 800, 900, 1000)),
@@ -74,6 +75,10 @@ class SequentialDigitsTask(SequenceTask):
         return [readout, {"unit": "nau" if self.operation == "sum" else "nmu"}]
 
     def train_batch(self, keys: Tensor, step: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
+        import torch
+
+        from service.seeding import generator as rng
+
         train = self.split("train")
         n = train.labels.numel()
         u = rng.uniform(keys, step, (batch_size, self.train_length))
@@ -83,6 +88,8 @@ class SequentialDigitsTask(SequenceTask):
         return x, self.accumulate(digits, 2).unsqueeze(-1)
 
     def _draw(self, name: str, split: DigitSplit, length: int, lengths: dict[str, int]) -> SequenceSet:
+        import torch
+
         gen = generator_for(EVAL_MASTER_SEED, "evaluation", name, self.dataset_seed)
         idx = torch.randint(split.labels.numel(), (self.eval_samples, length), generator=gen)
         targets = self.accumulate(split.labels[idx].double(), 1)
@@ -98,11 +105,15 @@ class SequentialDigitsTask(SequenceTask):
 
     def reference_readout(self, images: Tensor) -> Tensor:
         """The solved reference's read-out of ``images [n, I]`` → ``[n]`` (float64)."""
+        import torch
+
         w1, b1, w2, b2 = _fit_reference(self)
         with torch.no_grad():
             return (torch.relu(images @ w1.T + b1) @ w2.T + b2).squeeze(-1).double()
 
     def reference_errors(self, name: str, data: SequenceSet) -> Tensor:
+        import torch
+
         values = self.reference_readout(data.table)[data.inputs]
         reference = self.accumulate(values, 1)
         at = torch.tensor([n - 1 for n in data.lengths.values()])
@@ -112,6 +123,8 @@ class SequentialDigitsTask(SequenceTask):
 def _fit_reference(task: SequentialDigitsTask) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The reference read-out: an MLP ``I → readout_hidden → 1`` fitted to the train
     split's labels (Adam 1e-2, minibatches of 512, fixed seed); the same for every trial."""
+    import torch
+
     train = task.split("train")
     gen = generator_for(EVAL_MASTER_SEED, "reference-readout", task.dataset_seed)
     width, hidden = train.images.shape[1], task.readout_hidden

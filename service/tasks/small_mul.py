@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from service.tasks.base import Task
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SmallMulTask(Task):
@@ -23,6 +24,8 @@ class SmallMulTask(Task):
         return 1
 
     def selection(self) -> torch.Tensor:
+        import torch
+
         return torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
 
     def apply_operation(self, operands: torch.Tensor) -> torch.Tensor:

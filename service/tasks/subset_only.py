@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from service.tasks.subsets import SubsetTask
+
+if TYPE_CHECKING:
+    import torch
 
 
 class SubsetOnlyTask(SubsetTask):
@@ -25,6 +26,8 @@ class SubsetOnlyTask(SubsetTask):
         return operands
 
     def target(self, x: torch.Tensor) -> torch.Tensor:
+        import torch
+
         a, b = self.subset_sums(x)
         return torch.stack((a, b), dim=-1)
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-import torch
 from pydantic import Field, model_validator
 
 from service import limits
 from service.tasks.base import Task
+
+if TYPE_CHECKING:
+    import torch
 
 
 def _floor(value: float) -> int:
@@ -78,6 +81,8 @@ class SubsetTask(Task):
 
     def subset_selection(self) -> torch.Tensor:
         """``[2, I]`` float64: row 0 selects A, row 1 selects B."""
+        import torch
+
         (a0, a1), (b0, b1) = self.subset_bounds()
         sel = torch.zeros(2, self.input_size, dtype=torch.float64)
         sel[0, a0:a1] = 1.0

@@ -20,15 +20,14 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from service.config import RunConfig
+from service.pack_structure import check_pack
 from service.scoring.metrics import AggregateMetrics, aggregate, per_seed_metrics
 from service.training.checkpoint import TrainerCheckpoint, config_fingerprint, pack_fingerprint
 from service.training.evaluation import EvalReport
 from service.training.result import RunResult
-from service.training.seed_settings import check_pack, packable, packable_path, structure_key
 from service.training.trainer import Trainer
 
-__all__ = ["MemberEval", "PackedTrainer", "merge_checkpoints", "packable", "packable_path",
-           "split_checkpoint", "structure_key"]
+__all__ = ["MemberEval", "PackedTrainer", "merge_checkpoints", "split_checkpoint"]
 
 
 @dataclass

@@ -12,10 +12,7 @@ train alone or packed with others: packing is batch-exactness across configurati
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -24,75 +21,8 @@ from torch import Tensor
 
 from service.config import RunConfig
 from service.units.init import parse_init
-from service.units.registry import get_unit, unit_names
+from service.units.registry import get_unit
 from service.units.schedule import EXP_RATE, RegularizerSchedule
-
-OPTIMIZER_FIELDS = frozenset({"lr", "lr_min", "betas", "eps", "momentum", "alpha"})
-"""`OptimizerConfig` fields that may differ per seed."""
-REGULARIZER_FIELDS = frozenset({"lambda_max", "t_start", "t_end", "oob"})
-"""`RegularizerSchedule` fields that may differ per seed (whether ``oob`` is 0 may not)."""
-_RUN_FIELDS = ("seeds", "seed_offset", "master_seed", "device", "compile", "cuda_graphs")
-"""Run-config fields that are per member (seed ids and streams) or do not change numbers."""
-
-
-def packable_options() -> frozenset[str]:
-    """Unit option names that may differ per seed (each unit's ``PACKABLE_OPTIONS``)."""
-    return frozenset().union(*(get_unit(name).PACKABLE_OPTIONS for name in unit_names()))
-
-
-_LAYER_OPTION = re.compile(r"^model\.layers\.(\d+|\*)\.options\.([A-Za-z_]\w*)$")
-
-
-def packable_path(path: str) -> bool:
-    """Whether a run-config path (a search parameter's ``target``) names a continuous
-    setting that members of one pack may differ in."""
-    parts = path.split(".")
-    if parts[:2] == ["train", "optimizer"] and len(parts) in (3, 4):
-        return parts[2] in OPTIMIZER_FIELDS and (len(parts) == 3 or (parts[2] == "betas" and parts[3] in "01"))
-    if parts[:2] == ["train", "regularizer"] and len(parts) == 3:
-        return parts[2] in REGULARIZER_FIELDS
-    m = _LAYER_OPTION.match(path)
-    return bool(m) and m.group(2) in packable_options()
-
-
-def packable(config: RunConfig) -> bool:
-    """Recurrent tasks train with their own trainer, which does not pack."""
-    return not getattr(config.task, "recurrent", False)
-
-
-def structure_key(config: RunConfig) -> str:
-    """Configurations with equal keys can train as one packed computation: SHA-256 of the
-    configuration with the per-seed settings and the per-member fields left out (the
-    layers resolved, the regulariser schedule the effective one). A recurrent task's key
-    is its whole configuration, so it packs with nothing but itself."""
-    data = config.model_dump(mode="json")
-    if packable(config):
-        for key in _RUN_FIELDS:
-            data.pop(key, None)
-        train = data["train"]
-        train["optimizer"] = {k: v for k, v in train["optimizer"].items() if k not in OPTIMIZER_FIELDS}
-        schedule = config.regularizer()
-        train["regularizer"] = {"shape": schedule.shape, "oob": schedule.oob > 0}
-        layers = []
-        for layer in config.layers():
-            unit = get_unit(layer.unit)
-            options = unit.Options(**layer.options).model_dump(mode="json")
-            layers.append({"unit": layer.unit, "init": parse_init(layer.init).kind,
-                           "options": {k: v for k, v in options.items() if k not in unit.PACKABLE_OPTIONS}})
-        data["model"] = {"layers": layers, "hidden_size": config.model.hidden_size}
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
-
-
-def check_pack(configs: Sequence[RunConfig]) -> None:
-    """A clear error unless ``configs`` can train as one pack."""
-    if not configs:
-        raise ValueError("a pack needs at least one configuration")
-    if len(configs) > 1 and not all(packable(c) for c in configs):
-        raise ValueError("recurrent tasks do not pack: train each configuration on its own")
-    keys = {structure_key(c) for c in configs}
-    if len(keys) > 1:
-        raise ValueError("these configurations differ in more than their continuous settings "
-                         "(units, options, task, steps, …) and cannot train as one pack")
 
 
 @dataclass(frozen=True)

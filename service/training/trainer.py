@@ -26,9 +26,9 @@ from torch import Tensor
 
 from service import native
 from service.config import RunConfig
+from service.pack_structure import check_pack, packable
 from service.scoring.metrics import aggregate, per_seed_metrics
-from service.seeding import generator as rng
-from service.seeding import seed_generator, stream_keys
+from service.seeding import generator as rng, seed_generator, stream_keys
 from service.training.checkpoint import (
     TrainerCheckpoint,
     pack_fingerprint,
@@ -40,7 +40,7 @@ from service.training.evaluation import EvalReport, Evaluation
 from service.training.model import BatchedModel, build_model
 from service.training.optimizers import BatchedOptimizer
 from service.training.result import RunResult
-from service.training.seed_settings import SeedSchedule, SeedSettings, check_pack, packable
+from service.training.seed_settings import SeedSchedule, SeedSettings
 from service.units.base import ForwardContext
 
 _COMPILE_COST_S = 12.5  # seconds to compile the step (cold cache), for compile="auto"

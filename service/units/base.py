@@ -14,8 +14,8 @@ from typing import Callable, ClassVar, Iterator, Literal, Sequence
 import torch
 from torch import Tensor, nn
 
-from service.frozen import Frozen
 from service.units.init import InitSpec, parse_init
+from service.units.options import UnitOptions
 
 
 @contextmanager
@@ -34,10 +34,6 @@ def _on_host(module: nn.Module) -> Iterator[None]:
         for t, orig in zip(tensors, originals):
             orig.copy_(t.data)
             t.data = orig
-
-
-class UnitOptions(Frozen):
-    """Unit-specific options; each unit subclasses this with its own validated fields."""
 
 
 @dataclass(frozen=True)
@@ -92,9 +88,6 @@ class Unit(nn.Module):
 
     name: ClassVar[str]
     Options: ClassVar[type[UnitOptions]] = UnitOptions
-    PACKABLE_OPTIONS: ClassVar[frozenset[str]] = frozenset()
-    """Continuous options that may differ per seed (`set_seed_variants`): read only when a
-    seed is initialised, or, in the forward, through per-seed tensors the unit keeps."""
     noise_stream: int = 0
     """Noise stream of a stochastic unit (the Gumbel gate): give each layer of a model its
     own (e.g. its index) so that two layers never draw the same noise."""
@@ -114,13 +107,13 @@ class Unit(nn.Module):
         self.options = options if options is not None else self.Options()
         self.init = parse_init(init) if isinstance(init, str) else init
         # per seed (a packed run): options and initialisations of one structure whose
-        # `PACKABLE_OPTIONS` and uniform bounds may differ; None: ``options``/``init`` for all
+        # `Options.PACKABLE` and uniform bounds may differ; None: ``options``/``init`` for all
         self.seed_options: tuple[UnitOptions, ...] | None = None
         self.seed_inits: tuple[InitSpec, ...] | None = None
 
     def set_seed_variants(self, options: Sequence[UnitOptions], inits: Sequence[InitSpec]) -> None:
         """Give each seed its own options and initialisation (one per seed, all of this
-        unit's structure). Units whose forward reads a `PACKABLE_OPTIONS` field build their
+        unit's structure). Units whose forward reads an `Options.PACKABLE` field build their
         per-seed tensors here (`on_seed_variants`), on the parameters' device."""
         if len(options) != self.num_seeds or len(inits) != self.num_seeds:
             raise ValueError(f"{len(options)} options / {len(inits)} inits for {self.num_seeds} seeds")

@@ -15,24 +15,15 @@ Gradient clipping and reinitialisation on plateaus are trainer options (SPEC.md 
 from __future__ import annotations
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from service.units import elementwise
-from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
+from service.units.base import ExactMode, ForwardContext, Unit
 from service.units.linear import linear_forward
 from service.units.nac import nac_init_range, nac_weight, saturated_nac_params
 from service.units.nalu import GATE_SATURATION, product_sign
+from service.units.options import INALUOptions
 from service.units.registry import register
-
-
-class INALUOptions(UnitOptions):
-    """Options of the iNALU."""
-
-    epsilon: float = Field(1e-7, gt=0, description="ε in log(max(|x|, ε))")
-    omega: float = Field(20.0, gt=0, description="upper clip ω of the log-space product")
-    reg_threshold: float = Field(20.0, gt=0, description="t of the saturation regulariser")
-    gate_init: float = Field(0.0, description="initial G (g = σ(G); 0 -> an even mix)")
 
 
 @register
@@ -41,7 +32,6 @@ class INALU(Unit):
     ``[S, out, in]`` and ``gate`` ``[S, out]``. Exact for ``add`` and ``mul`` (x > 0)."""
 
     name = "inalu"
-    PACKABLE_OPTIONS = frozenset({"gate_init"})
     Options = INALUOptions
     options: INALUOptions
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import model_validator
 
 from service.frozen import Frozen
+
+if TYPE_CHECKING:
+    import torch
 
 InitName = Literal[
     "default", "kaiming_uniform", "kaiming_normal", "xavier_uniform", "xavier_normal",

@@ -12,15 +12,11 @@ from __future__ import annotations
 import math
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from service.units.base import ForwardContext, Unit, UnitOptions
+from service.units.base import ForwardContext, Unit
+from service.units.options import LSTMOptions
 from service.units.registry import register
-
-
-class LSTMOptions(UnitOptions):
-    hidden_size: int = Field(10, ge=1, le=4096, description="LSTM state width")
 
 
 @register

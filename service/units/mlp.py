@@ -9,21 +9,17 @@ one learnable slope per seed and hidden layer, initialised to 0.25.
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, field_validator
 from torch import Tensor, nn
 
 from service.units import elementwise
-from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
+from service.units.base import ExactMode, ForwardContext, Unit
 from service.units.linear import linear_forward
+from service.units.options import MLPOptions
 from service.units.registry import register
 
-Activation = Literal[
-    "relu", "relu6", "sigmoid", "tanh", "leaky_relu", "elu", "selu", "prelu", "silu", "none",
-]
 PRELU_INIT = 0.25
 
 _FIXED = {
@@ -37,20 +33,6 @@ _FIXED = {
     "silu": F.silu,
     "none": lambda h: h,
 }
-
-
-class MLPOptions(UnitOptions):
-    """Options of the MLP."""
-
-    hidden_sizes: tuple[int, ...] = Field((8,), description="width of each hidden layer")
-    activation: Activation = Field("relu", description="non-linearity between layers")
-
-    @field_validator("hidden_sizes")
-    @classmethod
-    def _positive(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if any(h < 1 for h in value):
-            raise ValueError("every hidden size must be >= 1")
-        return value
 
 
 @register

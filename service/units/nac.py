@@ -12,12 +12,12 @@ import functools
 import math
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
 from service.units import elementwise
-from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
+from service.units.base import ExactMode, ForwardContext, Unit
 from service.units.linear import linear_forward
+from service.units.options import NACMulOptions
 from service.units.registry import register
 
 SATURATION = 20.0
@@ -77,12 +77,6 @@ def saturated_nac_params(weights: Tensor) -> tuple[Tensor, Tensor]:
     )
     m_hat = torch.where(w == 0, -SATURATION, SATURATION)
     return w_hat.to(weights.dtype), m_hat.to(weights.dtype)
-
-
-class NACMulOptions(UnitOptions):
-    """Options of NAC•."""
-
-    epsilon: float = Field(1e-7, gt=0, description="ε in log(|x| + ε)")
 
 
 class _NACBase(Unit):

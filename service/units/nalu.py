@@ -33,15 +33,12 @@ NAC/NAU/NMU weights' init only.
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
 import torch
-from pydantic import Field, model_validator
 from torch import Tensor
 
 from service.seeding import generator as rng
 from service.units import elementwise
-from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
+from service.units.base import ExactMode, ForwardContext, Unit
 from service.units.linear import linear_forward, xavier_uniform_
 from service.units.nac import nac_init_range, nac_mul_forward, nac_weight, saturated_nac_params
 from service.units.nau import nau_init_range, nau_oob_penalty, nau_regularizer
@@ -52,6 +49,7 @@ from service.units.nmu import (
     nmu_oob_penalty,
     nmu_regularizer,
 )
+from service.units.options import LogKind, NALUOptions
 from service.units.registry import register
 
 GATE_SATURATION = 100.0
@@ -59,8 +57,6 @@ GATE_SATURATION = 100.0
 
 NOISE_STREAM_SHIFT = 40
 """Gumbel noise of unit stream s uses counter ``step + (s + 1) << 40``, never a data counter."""
-
-LogKind = Literal["eps", "safe", "relu"]
 
 
 def log_transform(x: Tensor, kind: LogKind, epsilon: float) -> Tensor:
@@ -78,58 +74,6 @@ def product_sign(x: Tensor, w: Tensor) -> Tensor:
     return (a * (torch.sign(x).unsqueeze(2) - 1) + 1).prod(-1)
 
 
-class NALUOptions(UnitOptions):
-    """NALU variants (SPEC.md §1)."""
-
-    weights: Literal["shared", "independent"] = Field(
-        "shared", description="one W for both paths (the paper's NALU) or one W per path")
-    gate: Literal["standard", "bias", "input_independent", "temperature", "gumbel"] = Field(
-        "standard", description="σ(Gx), σ(Gx+β), σ(β), σ(τ(t)Gx) or σ(Gx + logistic noise)")
-    tau_schedule: Literal["auto", "none", "linear", "exponential"] = Field(
-        "auto", description="gate temperature; 'auto': linear for gate='temperature', else none")
-    tau_start: float = Field(0.2, gt=0, description="linear schedule: τ at step tau_t0")
-    tau_end: float = Field(1.0, gt=0, description="linear schedule: τ from step tau_t1 on")
-    tau_t0: int = Field(0, ge=0, description="linear schedule: first step of the ramp")
-    tau_t1: int = Field(50_000, ge=1, description="linear schedule: last step of the ramp")
-    tau_min: float = Field(0.5, gt=0, description="exponential schedule: lower bound of T")
-    tau_rate: float = Field(1e-5, ge=0, description="exponential schedule: T = exp(-rate·step)")
-    gate_bias_init: float = Field(0.0, description="initial β of the bias/input_independent gate")
-    log: LogKind = Field("eps", description="logarithm of the NAC• path (unused with nmu)")
-    mul_unit: Literal["nac_mul", "nmu"] = Field("nac_mul", description="multiplicative path")
-    add_unit: Literal["nac_add", "nau"] = Field(
-        "nac_add", description="additive path; 'nau' implies weights='independent' "
-        "(with mul_unit='nmu': the NAU paper's gated NAU/NMU)")
-    sign_correction: bool = Field(
-        False, description="iNALU sign recovery on the NAC• path (an NMU keeps signs itself)")
-    epsilon: float = Field(1e-7, gt=0, description="ε of the 'eps' logarithm")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nau_has_its_own_weights(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("add_unit") == "nau" and "weights" not in data:
-            return {**data, "weights": "independent"}
-        return data
-
-    @model_validator(mode="after")
-    def _check(self) -> "NALUOptions":
-        if self.tau_t1 <= self.tau_t0:
-            raise ValueError(f"tau_t1 ({self.tau_t1}) must be > tau_t0 ({self.tau_t0})")
-        if self.weights == "shared" and self.add_unit == "nau":
-            raise ValueError("add_unit='nau' has its own weights: weights='shared' contradicts "
-                             "it (leave weights out or set it to 'independent')")
-        if self.weights == "shared" and self.mul_unit == "nmu":
-            raise ValueError("mul_unit='nmu' needs weights='independent' "
-                             "(an NMU's weights live in [0, 1], a NAC's in [-1, 1])")
-        return self
-
-    @property
-    def temperature(self) -> Literal["none", "linear", "exponential"]:
-        """The schedule actually used ('auto' resolved)."""
-        if self.tau_schedule == "auto":
-            return "linear" if self.gate == "temperature" else "none"
-        return self.tau_schedule
-
-
 @register
 class NALU(Unit):
     """``nalu``: z = g a + (1 − g) m with the variants of `NALUOptions`.
@@ -142,8 +86,6 @@ class NALU(Unit):
     """
 
     name = "nalu"
-    PACKABLE_OPTIONS = frozenset({"tau_start", "tau_end", "tau_t0", "tau_t1", "tau_min", "tau_rate",
-                                  "gate_bias_init"})
     Options = NALUOptions
     options: NALUOptions
 

@@ -15,20 +15,14 @@ from __future__ import annotations
 import math
 
 import torch
-from pydantic import Field
 from torch import Tensor
 
-from service.units.base import ExactMode, ForwardContext, Unit, UnitOptions
+from service.units.base import ExactMode, ForwardContext, Unit
 from service.units.linear import linear_forward, xavier_uniform_
+from service.units.options import NPUOptions
 from service.units.registry import register
 
 GATE_INIT = 0.5
-
-
-class NPUOptions(UnitOptions):
-    """Options of the NPU and RealNPU."""
-
-    epsilon: float = Field(1e-7, gt=0, description="ε in r = ĝ(|x| + ε) + 1 − ĝ")
 
 
 class _NPUBase(Unit):

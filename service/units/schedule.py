@@ -7,12 +7,14 @@ Total loss = task_loss + λ(t) · Σ_layers R_layer (+ oob · Σ_layers out-of-b
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
 from pydantic import model_validator
 
 from service.frozen import Frozen
+
+if TYPE_CHECKING:
+    import torch
 
 EXP_RATE = 5.0
 
@@ -56,8 +58,12 @@ class RegularizerSchedule(Frozen):
             raise ValueError(f"t_end ({self.t_end}) must be > t_start ({self.t_start})")
         return self
 
-    def value(self, step: torch.Tensor | int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """λ(step) as a 0-d ``dtype`` tensor (on ``step``'s device), computed in ``dtype``."""
+    def value(self, step: torch.Tensor | int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """λ(step) as a 0-d ``dtype`` tensor (float32 by default; on ``step``'s device),
+        computed in ``dtype``."""
+        import torch  # not at the top: configs are checked where torch is not loaded
+
+        dtype = torch.float32 if dtype is None else dtype
         t = torch.as_tensor(step).to(dtype)
         if self.shape == "constant":
             return torch.where(t >= self.t_start, self.lambda_max, 0.0).to(dtype)

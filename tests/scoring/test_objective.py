@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from service.scoring.metrics import AggregateMetrics, wilson_interval
 from service.scoring.objective import OBJECTIVE, closeness, objective_value
 from service.search.loading import parse_space
-from service.sweep.trial import STEP, is_metric_key, run_trial
+from service.sweep.results import STEP, is_metric_key
+from service.sweep.trial import run_trial
 
 STEPS = 10_000
 THRESHOLDS = {"extrapolation": 0.1}

@@ -8,26 +8,19 @@ from pathlib import Path
 import optuna
 import pytest
 
+from service.pack_structure import structure_key
 from service.search.assign import run_configs
 from service.search.loading import load_space, parse_space
 from service.search.packing import packable_params
 from service.search.sampler import DefineByRun
 from service.search.space import SearchSpaceError
 from service.sweep import pack_search
-from service.sweep.pack import (
-    DONE,
-    PRUNED,
-    STATE,
-    Member,
-    PackState,
-    member_results,
-    run_pack,
-)
-from service.sweep.pack_search import PACK_MEMBERS, PackedOptunaSearch
+from service.sweep.pack import Member, PackState, run_pack
+from service.sweep.pack_search import PackedOptunaSearch
+from service.sweep.results import DONE, PACK_MEMBERS, PRUNED, STATE, STEP, member_results
 from service.sweep.searcher import RUN_CONFIGS, make_sampler
-from service.sweep.trial import STEP, params_digest, run_trial
+from service.sweep.trial import params_digest, run_trial
 from service.tracking.store import TAG_PARAMS_SHA256
-from service.training.packing import structure_key
 
 TASK = {"kind": "small_mul", "eval_samples": 200, "threshold_samples": 10_000}
 LRS = (0.02, 0.05, 0.2)

@@ -9,7 +9,8 @@ import pytest
 from service.search.assign import active_params, run_configs
 from service.search.loading import parse_space
 from service.search.space import SearchSpaceError
-from service.sweep.trial import STEP, run_trial
+from service.sweep.results import STEP
+from service.sweep.trial import run_trial
 from service.sweep.trial_state import TrialState
 from service.training.checkpoint import CheckpointError
 

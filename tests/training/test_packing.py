@@ -8,14 +8,9 @@ import pytest
 import torch
 
 from service.config import RunConfig
+from service.pack_structure import packable_path, structure_key
 from service.training import Trainer
-from service.training.packing import (
-    PackedTrainer,
-    merge_checkpoints,
-    packable_path,
-    split_checkpoint,
-    structure_key,
-)
+from service.training.packing import PackedTrainer, merge_checkpoints, split_checkpoint
 
 
 def _member(lr: float = 1e-2, *, seeds: int = 3, master_seed: int = 0, optimizer: str = "adam",

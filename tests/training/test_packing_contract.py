@@ -9,14 +9,10 @@ import numpy as np
 import pytest
 
 from service.config import RunConfig
+from service.pack_structure import packable, packable_path, structure_key
 from service.sweep.trial import partial_aggregate
 from service.training import Trainer
-from service.training.packing import (
-    PackedTrainer,
-    packable,
-    packable_path,
-    structure_key,
-)
+from service.training.packing import PackedTrainer
 
 
 def _config(lr: float, **train) -> RunConfig:

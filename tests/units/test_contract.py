@@ -232,6 +232,16 @@ def test_exact_weights_give_zero_error(name: str, options: dict, mode: str) -> N
         assert relative < 1e-4, (low, high, float(relative))
 
 
+def test_the_torch_free_catalog_names_every_registered_unit_with_its_options() -> None:
+    """Run configs are checked against `service.units.options` (no torch); the units train
+    with the registry's classes: the two must name the same units with the same options."""
+    from service.units.options import UNIT_OPTIONS
+
+    assert sorted(UNIT_OPTIONS) == unit_names()
+    for name in unit_names():
+        assert get_unit(name).Options is UNIT_OPTIONS[name], name
+
+
 def test_unknown_unit_lists_valid_names() -> None:
     with pytest.raises(UnknownUnitError) as info:
         get_unit("nalu2")

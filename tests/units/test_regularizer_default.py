@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from service.config import RunConfig
+from service.search.assign import run_configs
 from service.search.loading import load_space
 from service.search.targets import searched_values
-from service.search.assign import run_configs
-from service.sweep.trial import regularizer_params
+from service.sweep.logged_params import regularizer_params
 from service.units.schedule import RegularizerSchedule
 
 SPACES = Path(__file__).resolve().parents[2] / "search_spaces"

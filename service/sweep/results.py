@@ -1,0 +1,47 @@
+"""The keys of what a trial reports to Tune, read back by the driver (progress display,
+outcomes, the pack searcher) without loading the training code."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.scoring.metrics import AggregateMetrics
+from service.scoring.objective import OBJECTIVE
+from service.scoring.sequence import LONGEST_SOLVED
+
+STEP = "step"
+"""Reported with every result: training steps done by the trial (summed over its tasks)."""
+
+_METRIC_FIELDS = frozenset(AggregateMetrics.model_fields) | {OBJECTIVE, LONGEST_SOLVED}
+
+
+def is_metric_key(key: str) -> bool:
+    """True for the keys `run_trial` reports (``success_rate``, ``objective``,
+    ``extrapolation_mse_median.<range>``, ``<task>.<metric>``), not Tune's own."""
+    return any(c.split(".")[0] in _METRIC_FIELDS for c in (key, key.partition(".")[2]) if c)
+
+
+PACK_MEMBERS = "__pack__"
+"""Key of a pack's Tune config: its members, ``[{number, params, RUN_CONFIGS}]``."""
+MEMBERS = "members"
+"""Prefix of a pack's result keys for its members: ``members/<index>/<metric, STEP or STATE>``
+(flat, as Tune flattens results for its searcher)."""
+STATE = "state"
+RUNNING, PRUNED, DONE = "running", "pruned", "done"
+
+
+def member_key(trial_id: str, index: int) -> str:
+    """A member's trial key (its MLflow run's ``nalu_sweep.trial_key``; ``trial-<key>`` in
+    the CLI): the Tune trial of its pack and its place there."""
+    return f"{trial_id}.{index}"
+
+
+def member_results(result: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """``{member index: its metrics, STEP and STATE}`` from a pack's result."""
+    out: dict[int, dict[str, Any]] = {}
+    for key, value in result.items():
+        prefix, _, rest = key.partition("/")
+        index, _, name = rest.partition("/")
+        if prefix == MEMBERS and index.isdigit() and name:
+            out.setdefault(int(index), {})[name] = value
+    return out
