@@ -14,9 +14,8 @@ OPERATIONS: tuple[str, ...] = ("add", "sub", "mul", "div", "squared", "root")
 
 
 def apply_binary(operation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a ∘ b`` elementwise; ``squared`` is ``a·a`` and ``root`` is ``√a`` (b unused)."""
-    import torch
-
+    """``a ∘ b`` elementwise; ``squared`` is ``a·a`` and ``root`` is ``√a`` (b unused).
+    Called every training step: tensor methods only, no import."""
     if operation == "add":
         return a + b
     if operation == "sub":
@@ -28,7 +27,7 @@ def apply_binary(operation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tens
     if operation == "squared":
         return a * a
     if operation == "root":
-        return torch.sqrt(a)
+        return a.sqrt()
     raise ValueError(f"unknown operation {operation!r}; valid operations: {', '.join(OPERATIONS)}")
 
 
