@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable
 
@@ -13,6 +14,7 @@ import service
 from service.endpoints import check_ray_address
 from service.errors import UserError
 from service.search.space import SearchSpace
+from service.sweep.ray_head import lean_head
 from service.tracking import store
 
 
@@ -87,9 +89,10 @@ def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | No
     if say is not None:
         say(f"connecting to Ray at {address}…" if address else "starting a local Ray…")
     try:
-        ray.init(address=address or None, include_dashboard=False, log_to_driver=verbose,
-                 logging_level=logging.INFO if verbose else logging.WARNING,
-                 configure_logging=True, **extra)
+        with lean_head(verbose) if not address else nullcontext():
+            ray.init(address=address or None, include_dashboard=False, log_to_driver=verbose,
+                     logging_level=logging.INFO if verbose else logging.WARNING,
+                     configure_logging=True, **extra)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"the Ray cluster at {address!r}" if address else "a local Ray"
         raise UserError(f"cannot start or reach {where}: {e}") from None
@@ -100,7 +103,8 @@ def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | No
 
 
 def stop_ray() -> None:
-    """`ray.shutdown` for a Ray this process started, less a second lost to the autoscaler.
+    """`ray.shutdown` for a Ray this process started, less a second lost to the autoscaler
+    where its head has one (`ray_head`: ``NALU_SWEEP_RAY_HEAD=full``, or another Ray).
 
     Ray stops its raylet and GCS first and its autoscaler monitor after them; the monitor
     answers SIGTERM by reporting its end to the GCS that is already gone, and Ray waits a

@@ -1,4 +1,7 @@
-"""`stop_ray` stops a local Ray without Ray's one-second wait on its autoscaler monitor."""
+"""A local Ray as a sweep starts it: the lean head (`service.sweep.ray_head`) without the
+autoscaler monitor, the API server and (unless ``--verbose``) the log monitor; Ray's usual
+head with ``NALU_SWEEP_RAY_HEAD=full``, whose monitor `stop_ray` kills first rather than
+wait a second on it. Either way `stop_ray` leaves no Ray process behind."""
 
 from __future__ import annotations
 
@@ -15,42 +18,102 @@ REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
+SCRIPT = textwrap.dedent("""
+    import json, sys
+    import psutil
+    import ray
+    from ray._private import node as ray_node, ray_constants, worker
+    from service.sweep.cluster import init_ray, stop_ray
 
-def test_a_local_ray_is_stopped_whole_and_its_monitor_killed_first(tmp_path):
+    methods = {n: ray_node.Node.__dict__[n] for n in ("start_monitor", "start_api_server", "start_log_monitor")}
+    assert init_ray(None, verbose=sys.argv[1] == "verbose")
+    restored = all(ray_node.Node.__dict__[n] is m for n, m in methods.items())
+    answer = ray.get(ray.remote(lambda: 6 * 7).remote())  # the cluster runs work
+    node = worker._global_node
+    procs = {kind: [info.process for info in infos] for kind, infos in node.all_processes.items()}
+    monitor = procs.get(ray_constants.PROCESS_TYPE_MONITOR, [])
+    at_shutdown = []
+    real_shutdown = ray.shutdown
+
+    def shutdown(*args, **kwargs):
+        at_shutdown.extend(p.poll() for p in monitor)
+        real_shutdown(*args, **kwargs)
+
+    ray.shutdown = shutdown
+    stop_ray()
+    print(json.dumps({
+        "kinds": sorted(procs), "restored": restored, "answer": answer,
+        "initialized": ray.is_initialized(), "monitor": at_shutdown,
+        "alive": {kind: [p.pid for p in ps if psutil.pid_exists(p.pid) and p.poll() is None]
+                  for kind, ps in procs.items()},
+    }))
+    """)
+
+
+def _start_and_stop(tmp_path: Path, verbose: bool, head: str | None = None) -> dict:
     """Runs in its own process: it starts (and stops) a Ray of its own, not the session's."""
     script = tmp_path / "stop.py"
-    script.write_text(textwrap.dedent("""
-        import json
-        import psutil
-        import ray
-        from ray._private import ray_constants, worker
-        from service.sweep.cluster import init_ray, stop_ray
-
-        assert init_ray(None, verbose=False)
-        node = worker._global_node
-        procs = {kind: [info.process for info in infos] for kind, infos in node.all_processes.items()}
-        monitor = procs[ray_constants.PROCESS_TYPE_MONITOR]
-        at_shutdown = []
-        real_shutdown = ray.shutdown
-
-        def shutdown(*args, **kwargs):
-            at_shutdown.extend(p.poll() for p in monitor)
-            real_shutdown(*args, **kwargs)
-
-        ray.shutdown = shutdown
-        stop_ray()
-        print(json.dumps({
-            "initialized": ray.is_initialized(),
-            "monitor": at_shutdown,
-            "alive": {kind: [p.pid for p in ps if psutil.pid_exists(p.pid) and p.poll() is None]
-                      for kind, ps in procs.items()},
-        }))
-        """))
+    script.write_text(SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
-    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=180, env=env)
+    env.pop("NALU_SWEEP_RAY_HEAD", None)
+    if head is not None:
+        env["NALU_SWEEP_RAY_HEAD"] = head
+    result = subprocess.run([sys.executable, str(script), "verbose" if verbose else "quiet"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=180, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     state = json.loads(result.stdout.strip().splitlines()[-1])
     assert state["initialized"] is False
-    assert state["monitor"] == [-9]  # SIGKILLed before ray.shutdown, not left to its SIGTERM and 1-s wait
+    assert state["restored"] is True  # Ray's own Node methods are back after the start
+    assert state["answer"] == 42
     assert all(not pids for pids in state["alive"].values()), state["alive"]
+    return state
+
+
+def test_the_lean_head_leaves_out_the_monitor_api_server_and_log_monitor(tmp_path):
+    from ray._private import ray_constants
+
+    state = _start_and_stop(tmp_path, verbose=False)
+    kinds = set(state["kinds"])
+    assert {ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET} <= kinds
+    assert not kinds & {ray_constants.PROCESS_TYPE_MONITOR, ray_constants.PROCESS_TYPE_DASHBOARD,
+                        ray_constants.PROCESS_TYPE_LOG_MONITOR}, kinds
+
+
+def test_with_verbose_the_log_monitor_forwards_the_workers_output(tmp_path):
+    from ray._private import ray_constants
+
+    kinds = set(_start_and_stop(tmp_path, verbose=True)["kinds"])
+    assert ray_constants.PROCESS_TYPE_LOG_MONITOR in kinds
+    assert not kinds & {ray_constants.PROCESS_TYPE_MONITOR, ray_constants.PROCESS_TYPE_DASHBOARD}, kinds
+
+
+def test_the_full_head_is_stopped_whole_and_its_monitor_killed_first(tmp_path):
+    from ray._private import ray_constants
+
+    state = _start_and_stop(tmp_path, verbose=False, head="full")
+    assert {ray_constants.PROCESS_TYPE_MONITOR, ray_constants.PROCESS_TYPE_DASHBOARD,
+            ray_constants.PROCESS_TYPE_LOG_MONITOR} <= set(state["kinds"])
+    assert state["monitor"] == [-9]  # SIGKILLed before ray.shutdown, not left to its SIGTERM and 1-s wait
+
+
+def test_the_usual_head_where_asked_or_where_ray_is_not_the_expected_one(monkeypatch):
+    from ray._private import node as ray_node
+
+    from service.sweep import ray_head
+
+    original = {n: ray_node.Node.__dict__[n] for n in (ray_head.MONITOR, ray_head.API_SERVER, ray_head.LOG_MONITOR)}
+    with ray_head.lean_head(verbose=False) as names:
+        assert set(names) == set(original)
+        assert all(ray_node.Node.__dict__[n] is not m for n, m in original.items())
+    assert all(ray_node.Node.__dict__[n] is m for n, m in original.items())
+
+    monkeypatch.setenv(ray_head.HEAD_ENV, "full")
+    with ray_head.lean_head(verbose=False) as names:
+        assert names == ()
+        assert all(ray_node.Node.__dict__[n] is m for n, m in original.items())
+    monkeypatch.delenv(ray_head.HEAD_ENV)
+
+    monkeypatch.delattr(ray_node.Node, ray_head.LOG_MONITOR)  # a Ray whose Node is laid out otherwise
+    with ray_head.lean_head(verbose=False) as names:
+        assert names == ()
+        assert ray_node.Node.__dict__[ray_head.MONITOR] is original[ray_head.MONITOR]
