@@ -15,7 +15,7 @@ from service.sweep.logged_params import regularizer_params
 from service.sweep.results import DONE, PACK_MEMBERS, RUNNING, member_key
 from service.sweep.rungs import find_board
 from service.sweep.searcher import OPTUNA_TRIAL, RUN_CONFIGS
-from service.tracking import runs, store
+from service.tracking import helper, runs, store
 from service.tracking.store import Outcome
 
 if TYPE_CHECKING:  # the training code loads in the worker, never in the sweep's driver
@@ -61,6 +61,7 @@ def _open_run(settings: TrialSettings, space: SearchSpace, trial_key: str, param
         settings.tracking_uri, settings.experiment_id, settings.parent_run_id,
         trial_key=trial_key, run_name=settings_label(params, list(space.params)), params=logged,
         tags={store.TAG_SWEEP: settings.sweep, store.TAG_NODE: node_ip(), store.TAG_GPU_IDS: gpu_ids(), **(tags or {})},
+        client=helper.shared(settings.tracking_uri),
     )
 
 
@@ -91,6 +92,7 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     A retried or resumed trial gets its latest checkpoint from `tune.get_checkpoint` and
     continues from it (tagged ``nalu_sweep.resumed_from_step``); checkpoints are written to
     a temporary directory that `tune.report` copies to the sweep's storage."""
+    helper.shared(settings.tracking_uri)  # MLflow loads in its own process while torch loads here
     import torch
     from ray import tune
 
@@ -136,6 +138,7 @@ def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
 
     A retried or resumed pack continues from its latest `PackState`: members pruned before
     it stay closed, the others continue from their own trainer checkpoints."""
+    helper.shared(settings.tracking_uri)  # MLflow loads in its own process while torch loads here
     import ray
     import torch
     from ray import tune

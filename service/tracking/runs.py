@@ -153,6 +153,25 @@ def log_params(client: Any, run_id: str, params: dict[str, Any]) -> None:
 
 
 # -- a child (trial) run: opened, fed and closed inside the trial --------------------------------------
+def find_or_create_run(client: Any, experiment_id: str, parent_run_id: str, trial_key: str, run_name: str,
+                       tags: dict[str, str]) -> tuple[str, int | None, int | None]:
+    """A trial's child run: (run id, last logged step, attempt) of the run found by its
+    trial key, set running again; else a new run's id, None, None. Looked up again on every
+    try, so a create whose answer was lost is found instead of created twice."""
+    existing = all_runs(client, [experiment_id],
+                        f"tags.`{TAG_PARENT}` = {quote(parent_run_id)} AND tags.`{TAG_TRIAL_KEY}` = {quote(trial_key)}")
+    if existing:
+        run = max(existing, key=lambda r: r.info.start_time or 0)
+        history = client.get_metric_history(run.info.run_id, "objective")
+        last = max((m.step for m in history), default=None)
+        client.update_run(run.info.run_id, status="RUNNING")
+        return run.info.run_id, last, int(run.data.tags.get(TAG_ATTEMPTS, "1")) + 1
+    all_tags = {TAG_PARENT: parent_run_id, TAG_ROLE: "trial", TAG_TRIAL_KEY: trial_key,
+                TAG_ATTEMPTS: "1", TAG_OUTCOME: Outcome.RUNNING, **tags}
+    run = client.create_run(experiment_id, tags=all_tags, run_name=run_name)
+    return run.info.run_id, None, None
+
+
 class TrialRun:
     """The MLflow child run of one Tune trial.
 
@@ -178,31 +197,21 @@ class TrialRun:
 
     @classmethod
     def open(cls, tracking_uri: str, experiment_id: str, parent_run_id: str, trial_key: str,
-             run_name: str, params: dict[str, Any], tags: dict[str, str] | None = None) -> "TrialRun":
+             run_name: str, params: dict[str, Any], tags: dict[str, str] | None = None,
+             client: Any = None) -> "TrialRun":
+        """``client``: an `MlflowClient`, or a trial worker's `helper.HelperClient`
+        (default: a new `MlflowClient` for ``tracking_uri``)."""
+        from service.tracking.helper import HelperClient
         from service.tracking.spool import patience_s
 
         store.tolerate_outages()
-        client = store.client(tracking_uri)
+        client = client if client is not None else store.client(tracking_uri)
         patience = patience_s()
-
-        def find_or_create() -> tuple[str, int | None, int | None]:
-            """(run id, last logged step, attempt) — looked up again on every try, so a
-            create whose answer was lost is found instead of created twice."""
-            existing = all_runs(client, [experiment_id],
-                                 f"tags.`{TAG_PARENT}` = {quote(parent_run_id)} AND "
-                                 f"tags.`{TAG_TRIAL_KEY}` = {quote(trial_key)}")
-            if existing:
-                run = max(existing, key=lambda r: r.info.start_time or 0)
-                history = client.get_metric_history(run.info.run_id, "objective")
-                last = max((m.step for m in history), default=None)
-                client.update_run(run.info.run_id, status="RUNNING")
-                return run.info.run_id, last, int(run.data.tags.get(TAG_ATTEMPTS, "1")) + 1
-            all_tags = {TAG_PARENT: parent_run_id, TAG_ROLE: "trial", TAG_TRIAL_KEY: trial_key,
-                        TAG_ATTEMPTS: "1", TAG_OUTCOME: Outcome.RUNNING, **(tags or {})}
-            run = client.create_run(experiment_id, tags=all_tags, run_name=run_name)
-            return run.info.run_id, None, None
-
-        run_id, last, attempts = retry(find_or_create, patience_s=patience)
+        args = (experiment_id, parent_run_id, trial_key, run_name, tags or {})
+        if isinstance(client, HelperClient):
+            run_id, last, attempts = retry(lambda: client.find_or_create_run(*args), patience_s=patience)
+        else:
+            run_id, last, attempts = retry(lambda: find_or_create_run(client, *args), patience_s=patience)
         trial = cls(client, run_id, last, tracking_uri)
         if attempts is not None:
             # the caller's tags describe this attempt (a retry may run on another node)

@@ -71,6 +71,27 @@ class Entry:
     data: Any
 
 
+def send_write(client: Any, run_id: str, op: str, data: Any, directory: str) -> None:
+    """Send one journalled write (``op``, its plain ``data``) of run ``run_id`` with an
+    `MlflowClient`; an artifact write names its folder under the run's spool ``directory``."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    if op == "metrics":
+        metrics = [Metric(k, float(v), int(ts), int(step)) for k, v, ts, step in data]
+        for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            client.log_batch(run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+    elif op == "params":
+        client.log_batch(run_id, params=[Param(k, str(v)) for k, v in data.items()])
+    elif op == "tags":
+        client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in data.items()])
+    elif op == "artifacts":
+        client.log_artifacts(run_id, str(Path(directory) / data["dir"]), data["path"])
+    elif op == "status":
+        client.set_terminated(run_id, status=data)
+    else:
+        raise ValueError(f"unknown journal entry {op!r}")
+
+
 class Outbox:
     """The journal and sender of one MLflow run (see the module docstring).
 
@@ -195,23 +216,14 @@ class Outbox:
             return batch
 
     def _send(self, batch: list[Entry]) -> None:
-        from mlflow.entities import Metric, Param, RunTag
+        from service.tracking.helper import HelperClient
 
         first = batch[0]
-        if first.op == "metrics":
-            metrics = [Metric(k, float(v), int(ts), int(step)) for e in batch for k, v, ts, step in e.data]
-            for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-                self.client.log_batch(self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
-        elif first.op == "params":
-            self.client.log_batch(self.run_id, params=[Param(k, str(v)) for k, v in first.data.items()])
-        elif first.op == "tags":
-            self.client.log_batch(self.run_id, tags=[RunTag(k, str(v)) for k, v in first.data.items()])
-        elif first.op == "artifacts":
-            self.client.log_artifacts(self.run_id, str(self.directory / first.data["dir"]), first.data["path"])
-        elif first.op == "status":
-            self.client.set_terminated(self.run_id, status=first.data)
+        data = [p for e in batch for p in e.data] if first.op == "metrics" else first.data
+        if isinstance(self.client, HelperClient):  # a trial worker's: MLflow is in the helper process
+            self.client.send_write(self.run_id, first.op, data, str(self.directory))
         else:
-            raise ValueError(f"unknown journal entry {first.op!r}")
+            send_write(self.client, self.run_id, first.op, data, str(self.directory))
 
     def _send_loop(self) -> None:
         delay = self.backoff_s[0]

@@ -127,6 +127,9 @@ def is_transient(e: BaseException) -> bool:
     carries its HTTP status); False for a request the server refused (4xx) or a bug."""
     if _is_locked(e):
         return True
+    judged = getattr(e, "transient", None)  # judged already where it happened (`helper.TrackingCallError`)
+    if isinstance(judged, bool):
+        return judged
     if isinstance(e, (ConnectionError, TimeoutError)):
         return True
     try:

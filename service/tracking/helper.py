@@ -1,0 +1,155 @@
+"""A trial worker's MLflow client in a process of its own, so the two imports overlap.
+
+A trial worker imports torch (to train) and MLflow (to record the trial): two seconds or
+more each, one after the other under one interpreter lock, on the critical path of every
+sweep's first trial. `shared` starts a helper process, ``python -m service.tracking.helper``,
+before the worker imports torch; the helper imports MLflow on another core meanwhile and
+then makes the worker's two kinds of tracking call for it: open (find or create) a trial's
+run, and send one journalled write of a run's `Outbox`. The worker never imports MLflow.
+
+The calls and their answers are pickled plain data over a pipe pair (not stdout: MLflow
+may print). An error in the helper comes back as `TrackingCallError`, marked transient as
+`store.is_transient` judged it there, so the worker's retries and its outage handling
+(`spool`) work as with a client of its own; a helper that died is a transient error, and
+the next call starts a new one. The helper ends when the worker does (its pipe closes).
+Artifacts are read from the worker's spool by path: the helper runs on the worker's node.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import threading
+from typing import Any
+
+from service.tracking import store
+
+
+class TrackingCallError(RuntimeError):
+    """A tracking call that failed in the helper; ``transient`` as `store.is_transient`
+    judged the original error there."""
+
+    def __init__(self, message: str, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class HelperClient:
+    """The worker's side: one helper process for one tracking URI, started on creation."""
+
+    def __init__(self, tracking_uri: str) -> None:
+        self.tracking_uri = tracking_uri
+        self._lock = threading.Lock()  # a call and its answer at a time: trial thread and outbox threads share it
+        self._proc: subprocess.Popen | None = None
+        self._send = self._receive = None
+        self._start()
+
+    def _start(self) -> None:
+        store.tolerate_outages()  # the helper's MLflow reads these from its environment
+        to_helper_r, to_helper_w = os.pipe()
+        from_helper_r, from_helper_w = os.pipe()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "service.tracking.helper", str(to_helper_r), str(from_helper_w), self.tracking_uri],
+            pass_fds=(to_helper_r, from_helper_w), stdin=subprocess.DEVNULL, close_fds=True)
+        os.close(to_helper_r)
+        os.close(from_helper_w)
+        self._send = os.fdopen(to_helper_w, "wb")
+        self._receive = os.fdopen(from_helper_r, "rb")
+
+    def _stop(self) -> None:
+        for f in (self._send, self._receive):
+            try:
+                f.close()
+            except (OSError, AttributeError):
+                pass
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
+
+    def call(self, name: str, *args: Any) -> Any:
+        """Run ``name`` (a function of `CALLS`) in the helper with this URI's client."""
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._stop()
+                self._start()
+            try:
+                pickle.dump((name, self.tracking_uri, args), self._send)
+                self._send.flush()
+                ok, value = pickle.load(self._receive)
+            except (OSError, EOFError, pickle.UnpicklingError) as e:
+                self._stop()  # the next call starts a new helper
+                raise TrackingCallError(f"the tracking helper process ended ({type(e).__name__})", True) from None
+        if not ok:
+            raise TrackingCallError(*value)
+        return value
+
+    def find_or_create_run(self, *args: Any) -> tuple[str, int | None, int | None]:
+        return self.call("find_or_create_run", *args)
+
+    def send_write(self, *args: Any) -> None:
+        self.call("send_write", *args)
+
+
+_SHARED: dict[str, HelperClient] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared(tracking_uri: str) -> HelperClient:
+    """This process's helper for ``tracking_uri`` (started now if it has none yet): a worker
+    that Tune reuses for the next trial keeps its helper, MLflow imported."""
+    with _SHARED_LOCK:
+        if tracking_uri not in _SHARED:
+            _SHARED[tracking_uri] = HelperClient(tracking_uri)
+        return _SHARED[tracking_uri]
+
+
+def _calls() -> dict[str, Any]:
+    from service.tracking.runs import find_or_create_run
+    from service.tracking.spool import send_write
+
+    return {"find_or_create_run": find_or_create_run, "send_write": send_write}
+
+
+def _warm_client(tracking_uri: str) -> Any:
+    """``tracking_uri``'s client, a database store opened by one cheap query (MLflow
+    imports the SQL store's modules, SQLAlchemy and alembic, only then)."""
+    client = store.client(tracking_uri)
+    if tracking_uri.startswith(("http://", "https://")):
+        return client  # a REST client: no store to open
+    try:
+        client.search_experiments(max_results=1)
+    except Exception:  # noqa: BLE001, S110 - only a warm-up
+        pass
+    return client
+
+
+def serve(receive: Any, send: Any, tracking_uri: str) -> None:
+    """The helper's loop: MLflow imported and ``tracking_uri``'s store opened first, then
+    one call at a time until the pipe closes."""
+    store.tolerate_outages()
+    calls = _calls()
+    clients: dict[str, Any] = {tracking_uri: _warm_client(tracking_uri)}
+    while True:
+        try:
+            name, uri, args = pickle.load(receive)
+        except (EOFError, OSError):
+            return
+        try:
+            if uri not in clients:
+                clients[uri] = store.client(uri)
+            answer = (True, calls[name](clients[uri], *args))
+        except Exception as e:  # noqa: BLE001 - every error goes back to the worker, judged here
+            answer = (False, (f"{type(e).__name__}: {e}", store.is_transient(e)))
+        try:
+            pickle.dump(answer, send)
+            send.flush()
+        except (OSError, BrokenPipeError):
+            return
+
+
+if __name__ == "__main__":
+    with os.fdopen(int(sys.argv[1]), "rb") as _receive, os.fdopen(int(sys.argv[2]), "wb") as _send:
+        serve(_receive, _send, sys.argv[3])

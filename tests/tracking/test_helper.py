@@ -1,0 +1,127 @@
+"""A trial worker's tracking through its helper process (`service.tracking.helper`): the
+same run, params, metrics, tags, artifacts and status as with a client of its own, while
+the worker's process never imports MLflow; errors come back judged transient or not, and
+a helper that died is replaced by the next call."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from service.tracking import runs, store
+from service.tracking.helper import HelperClient, TrackingCallError
+
+REPO = Path(__file__).resolve().parents[2]
+
+WORKER = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    from service.tracking import helper, runs
+
+    uri, experiment_id, parent, plots = sys.argv[1:5]
+    client = helper.shared(uri)
+    assert helper.shared(uri) is client  # one helper per worker and store
+    trial = runs.TrialRun.open(uri, experiment_id, parent, "k1", "lr=0.1", {"lr": 0.1},
+                               tags={"nalu_sweep.node": "here"}, client=client)
+    for step in (100, 200):
+        trial.log_metrics({"objective": step / 1000, "mse": float("nan")}, step)
+    trial.log_artifact_dir(Path(plots), "plots")
+    trial.close("completed")
+    again = runs.TrialRun.open(uri, experiment_id, parent, "k1", "lr=0.1", {"lr": 0.1}, client=client)
+    again.close("completed")
+    print(json.dumps({"run": trial.run_id, "again": again.run_id, "resumed": again.resumed_from_step,
+                      "mlflow_imported": any(m == "mlflow" or m.startswith("mlflow.") for m in sys.modules)}))
+    """)
+
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("mlflow")
+    uri = store.default_tracking_uri(directory)
+    client = store.client(uri)
+    experiment_id = store.ensure_experiment(client, "helped", uri)
+    parent = runs.start_sweep_run(client, experiment_id, "helped", space_file=None, spec_json="{}",
+                                  spec_hash="abc", storage_path="/tmp/x", params={"trials": 1})
+    return uri, client, experiment_id, parent
+
+
+def test_a_trial_is_recorded_through_the_helper_and_its_process_never_imports_mlflow(tracking, tmp_path):
+    uri, client, experiment_id, parent = tracking
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    (plots / "curves.png").write_bytes(b"\x89PNG not really")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "NALU_SWEEP_SPOOL_DIR": str(tmp_path / "spool")}
+    done = subprocess.run([sys.executable, str(script), uri, experiment_id, parent, str(plots)], capture_output=True,
+                          text=True, timeout=300, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["mlflow_imported"] is False
+    assert out["again"] == out["run"] and out["resumed"] == 200  # found again by its trial key
+    run = client.get_run(out["run"])
+    assert run.info.run_name == "lr=0.1" and run.info.status == "FINISHED"
+    assert run.data.params == {"lr": "0.1"}
+    assert run.data.tags[store.TAG_PARENT] == parent and run.data.tags["nalu_sweep.node"] == "here"
+    assert run.data.tags[store.TAG_OUTCOME] == "completed" and run.data.tags[store.TAG_ATTEMPTS] == "2"
+    assert [(m.step, m.value) for m in client.get_metric_history(out["run"], "objective")] == [(100, 0.1), (200, 0.2)]
+    assert "mse" not in run.data.metrics  # non-finite points are not logged
+    assert [a.path for a in client.list_artifacts(out["run"], "plots")] == ["plots/curves.png"]
+    assert not any((tmp_path / "spool").glob("*/journal.jsonl"))  # everything arrived: no spool left
+
+
+def test_an_error_in_the_helper_comes_back_judged(tracking):
+    uri, _, _, parent = tracking
+    helper = HelperClient(uri)
+    try:
+        with pytest.raises(TrackingCallError) as refused:
+            helper.find_or_create_run("999999", parent, "k", "name", {})  # no such experiment
+        assert refused.value.transient is False and not store.is_transient(refused.value)
+        assert "999999" in str(refused.value)
+        with pytest.raises(TrackingCallError) as unknown:
+            helper.send_write("no-such-run", "tags", {"a": "b"}, "/nonexistent")
+        assert unknown.value.transient is False
+    finally:
+        helper._stop()
+
+
+def test_a_server_that_is_away_is_a_transient_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    helper = HelperClient(f"http://127.0.0.1:{port}")
+    try:
+        with pytest.raises(TrackingCallError) as away:
+            helper.find_or_create_run("1", "parent", "k", "name", {})
+        assert away.value.transient is True and store.is_transient(away.value)
+    finally:
+        helper._stop()
+
+
+def test_a_helper_that_died_is_a_transient_error_and_the_next_call_starts_another(tracking):
+    uri, client, experiment_id, parent = tracking
+    helper = HelperClient(uri)
+    try:
+        first = helper._proc
+        first.kill()
+        first.wait()
+        run_id, last, attempts = helper.find_or_create_run(experiment_id, parent, "dead", "trial-dead", {})
+        assert helper._proc is not first and helper._proc.poll() is None  # a new helper answered
+        assert (last, attempts) == (None, None) and client.get_run(run_id).data.tags[store.TAG_TRIAL_KEY] == "dead"
+        second = helper._proc
+        second.kill()
+        second.wait()
+        second.poll = lambda: None  # not seen dead before the call: as if it died during it
+        with pytest.raises(TrackingCallError) as died:
+            helper.find_or_create_run(experiment_id, parent, "dead", "trial-dead", {})
+        assert died.value.transient is True
+        assert helper.find_or_create_run(experiment_id, parent, "dead", "trial-dead", {})[0] == run_id
+    finally:
+        helper._stop()
