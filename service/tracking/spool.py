@@ -7,7 +7,9 @@ While the server is unreachable or answers 5xx/429 the thread waits with exponen
 backoff (0.5 s doubling to 15 s) and tries the same write again; nothing is dropped and
 the trial goes on training. After each write the server acknowledged, a ``{"done": seq}``
 line is appended, so a process that dies replays only what was never acknowledged (the
-next `Outbox` of the same run, or ``python -m service.tracking.spool``).
+next `Outbox` of the same run, or ``python -m service.tracking.spool``). In a trial
+worker the thread sends through the worker's helper process (`service.tracking.helper`),
+which holds its MLflow client.
 
 Replay is safe against the one write whose acknowledgement was lost: a metric point keeps
 the timestamp it was journalled with, and MLflow's SQL stores (SQLite, PostgreSQL) ignore
