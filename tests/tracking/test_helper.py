@@ -125,3 +125,25 @@ def test_a_helper_that_died_is_a_transient_error_and_the_next_call_starts_anothe
         assert helper.find_or_create_run(experiment_id, parent, "dead", "trial-dead", {})[0] == run_id
     finally:
         helper._stop()
+
+
+def test_the_helper_ends_with_its_worker(tracking, tmp_path):
+    """A worker Ray kills (SIGKILL) leaves no helper behind: its pipe closes, the helper ends."""
+    import psutil
+
+    uri = tracking[0]
+    owner = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from service.tracking import helper
+        client = helper.shared({uri!r})
+        print(client._proc.pid, flush=True)
+        time.sleep(600)
+        """)], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        pid = int(owner.stdout.readline())
+        helper_process = psutil.Process(pid)
+        owner.kill()
+        owner.wait()
+        helper_process.wait(timeout=60)  # psutil.TimeoutExpired if it outlived its worker
+    finally:
+        owner.kill()
