@@ -49,6 +49,24 @@ RAY_PRESTART = "RAY_prestart_worker_first_driver"
 # Optuna's grid sampler calls `Study.stop` when the grid is used up; outside `optimize`
 # that raises, and Ray logs it as a warning although the trial was told (it is harmless)
 STUDY_STOP_NOISE = "`Study.stop` is supposed to be invoked inside an objective function"
+# Tune gives every trial actor the runtime environment {"env_vars": {"PL_DISABLE_FORK": "1"}},
+# for PyTorch Lightning, which no trial here uses; any runtime environment makes the raylet
+# start the actor's worker through `setup_worker.py` (one more Python start importing Ray)
+# after its runtime-env agent has built it: about a second before the first trial trains
+TUNE_LIGHTNING_ENV = "PL_DISABLE_FORK"
+
+
+def plain_trial_workers() -> None:
+    """Drop Tune's Lightning setting from the runtime environment of its trial actors, so
+    their workers start as plain Ray workers (what Tune still forwards from this process's
+    environment, e.g. AWS credentials, it forwards as before)."""
+    try:
+        from ray.tune.execution import class_cache
+    except ImportError:  # another Tune layout: its trial actors keep their environment
+        return
+    defaults = getattr(class_cache, "DEFAULT_ENV_VARS", None)
+    if isinstance(defaults, dict):
+        defaults.pop(TUNE_LIGHTNING_ENV, None)
 
 
 def _drop_study_stop(record: logging.LogRecord) -> bool:
@@ -70,6 +88,7 @@ def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | No
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
     check_ray_address(address)  # an explicit, unreachable --address is an error even if Ray is up
+    plain_trial_workers()
     if ray.is_initialized():
         return False
     package_root = str(Path(service.__file__).resolve().parent.parent)

@@ -1,7 +1,8 @@
 """A local Ray as a sweep starts it: the lean head (`service.sweep.ray_head`) without the
 autoscaler monitor, the API server and (unless ``--verbose``) the log monitor; Ray's usual
 head with ``NALU_SWEEP_RAY_HEAD=full``, whose monitor `stop_ray` kills first rather than
-wait a second on it. Either way `stop_ray` leaves no Ray process behind."""
+wait a second on it. Either way `stop_ray` leaves no Ray process behind. And Tune's trials
+start as plain Ray workers (`cluster.plain_trial_workers`)."""
 
 from __future__ import annotations
 
@@ -117,3 +118,42 @@ def test_the_usual_head_where_asked_or_where_ray_is_not_the_expected_one(monkeyp
     with ray_head.lean_head(verbose=False) as names:
         assert names == ()
         assert ray_node.Node.__dict__[ray_head.MONITOR] is original[ray_head.MONITOR]
+
+
+TRIAL_ENV_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import ray
+    from ray import tune
+    from service.sweep.cluster import init_ray, stop_ray
+
+    def trial(config):
+        tune.report({"env": json.dumps(dict(ray.get_runtime_context().runtime_env)),
+                     "forwarded": os.environ.get("AWS_ACCESS_KEY_ID", "")})
+
+    assert init_ray(None, verbose=False)
+    try:
+        grid = tune.Tuner(trial, run_config=tune.RunConfig(storage_path=sys.argv[1], verbose=0)).fit()
+        print(json.dumps({"env": grid[0].metrics["env"], "forwarded": grid[0].metrics["forwarded"]}))
+    finally:
+        stop_ray()
+    """)
+
+
+@pytest.mark.parametrize("forwarded", ["", "a-key"])
+def test_tune_trials_start_as_plain_workers_and_forwarded_settings_still_arrive(tmp_path, forwarded):
+    """Tune's PyTorch Lightning setting is dropped, so a trial's runtime environment is empty
+    (no `setup_worker.py`, no runtime-env agent) unless Tune has something to forward."""
+    script = tmp_path / "trial_env.py"
+    script.write_text(TRIAL_ENV_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("AWS_ACCESS_KEY_ID", None)
+    if forwarded:
+        env["AWS_ACCESS_KEY_ID"] = forwarded
+    result = subprocess.run([sys.executable, str(script), str(tmp_path / "tune")], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    env_vars = json.loads(out["env"]).get("env_vars") or {}
+    assert "PL_DISABLE_FORK" not in env_vars
+    assert env_vars == ({"AWS_ACCESS_KEY_ID": forwarded} if forwarded else {})
+    assert out["forwarded"] == forwarded
