@@ -7,21 +7,23 @@ before the worker imports torch; the helper imports MLflow on another core meanw
 then makes the worker's two kinds of tracking call for it: open (find or create) a trial's
 run, and send one journalled write of a run's `Outbox`. The worker never imports MLflow.
 
-The calls and their answers are pickled plain data over a pipe pair (not stdout: MLflow
-may print). An error in the helper comes back as `TrackingCallError`, marked transient as
-`store.is_transient` judged it there, so the worker's retries and its outage handling
-(`spool`) work as with a client of its own; a helper that died is a transient error, and
-the next call starts a new one. The helper ends when the worker does (its pipe closes).
+The calls and their answers are JSON lines over a pipe pair (not stdout: MLflow may
+print; and nothing the project reads is unpickled). An error in the helper comes back as
+`TrackingCallError`, marked transient as `store.is_transient` judged it there, so the
+worker's retries and its outage handling (`spool`) work as with a client of its own; a
+helper that died is a transient error, and the next call starts a new one. The helper ends
+when the worker does (its pipe closes).
 Artifacts are read from the worker's spool by path: the helper runs on the worker's node.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import pickle
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 from service.tracking import store
@@ -34,6 +36,14 @@ class TrackingCallError(RuntimeError):
     def __init__(self, message: str, transient: bool) -> None:
         super().__init__(message)
         self.transient = transient
+
+
+def _same_code_env() -> dict[str, str]:
+    """This process's environment with the package root of the running ``service`` first on
+    ``PYTHONPATH``: the helper runs this very code, whatever else is installed."""
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != root]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, *paths])}
 
 
 class HelperClient:
@@ -52,7 +62,7 @@ class HelperClient:
         from_helper_r, from_helper_w = os.pipe()
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "service.tracking.helper", str(to_helper_r), str(from_helper_w), self.tracking_uri],
-            pass_fds=(to_helper_r, from_helper_w), stdin=subprocess.DEVNULL, close_fds=True)
+            pass_fds=(to_helper_r, from_helper_w), stdin=subprocess.DEVNULL, close_fds=True, env=_same_code_env())
         os.close(to_helper_r)
         os.close(from_helper_w)
         self._send = os.fdopen(to_helper_w, "wb")
@@ -76,10 +86,13 @@ class HelperClient:
                 self._stop()
                 self._start()
             try:
-                pickle.dump((name, self.tracking_uri, args), self._send)
+                self._send.write(json.dumps([name, self.tracking_uri, args]).encode() + b"\n")
                 self._send.flush()
-                ok, value = pickle.load(self._receive)
-            except (OSError, EOFError, pickle.UnpicklingError) as e:
+                line = self._receive.readline()
+                if not line:
+                    raise EOFError("no answer")
+                ok, value = json.loads(line)
+            except (OSError, EOFError, ValueError) as e:
                 self._stop()  # the next call starts a new helper
                 raise TrackingCallError(f"the tracking helper process ended ({type(e).__name__})", True) from None
         if not ok:
@@ -87,7 +100,8 @@ class HelperClient:
         return value
 
     def find_or_create_run(self, *args: Any) -> tuple[str, int | None, int | None]:
-        return self.call("find_or_create_run", *args)
+        run_id, last, attempts = self.call("find_or_create_run", *args)
+        return run_id, last, attempts
 
     def send_write(self, *args: Any) -> None:
         self.call("send_write", *args)
@@ -134,9 +148,12 @@ def serve(receive: Any, send: Any, tracking_uri: str) -> None:
     clients: dict[str, Any] = {tracking_uri: _warm_client(tracking_uri)}
     while True:
         try:
-            name, uri, args = pickle.load(receive)
-        except (EOFError, OSError):
+            line = receive.readline()
+        except OSError:
             return
+        if not line:  # the worker closed its end: it has ended
+            return
+        name, uri, args = json.loads(line)
         try:
             if uri not in clients:
                 clients[uri] = store.client(uri)
@@ -144,9 +161,9 @@ def serve(receive: Any, send: Any, tracking_uri: str) -> None:
         except Exception as e:  # noqa: BLE001 - every error goes back to the worker, judged here
             answer = (False, (f"{type(e).__name__}: {e}", store.is_transient(e)))
         try:
-            pickle.dump(answer, send)
+            send.write(json.dumps(answer).encode() + b"\n")
             send.flush()
-        except (OSError, BrokenPipeError):
+        except OSError:
             return
 
 
