@@ -80,7 +80,8 @@ class HelperClient:
         self._proc = None
 
     def call(self, name: str, *args: Any) -> Any:
-        """Run ``name`` (a function of `CALLS`) in the helper with this URI's client."""
+        """Run ``name`` (one of `_calls`: ``find_or_create_run``, ``send_write``) in the helper
+        with this URI's client."""
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 self._stop()
