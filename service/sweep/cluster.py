@@ -6,16 +6,17 @@ from __future__ import annotations
 import logging
 import os
 import time
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import service
 from service.endpoints import check_ray_address
 from service.errors import UserError
 from service.search.space import SearchSpace
 from service.sweep.ray_head import lean_head
-from service.tracking import store
+from service.tracking import helper, store
 
 
 def node_ip() -> str:
@@ -69,14 +70,39 @@ def plain_trial_workers() -> None:
         defaults.pop(TUNE_LIGHTNING_ENV, None)
 
 
+@contextmanager
+def prestarted_helpers(tracking_uri: str | None) -> Iterator[None]:
+    """While a local Ray starts: its workers will run `helper.prestart` as Ray's worker-process
+    setup hook, for ``tracking_uri``. A raylet's workers inherit its environment, which is
+    this process's while `ray.init` starts it; afterwards this process's is as it was.
+    Nothing without a URI, when another hook is set, or when Ray has no such hook."""
+    try:
+        from ray._private import ray_constants
+    except ImportError:
+        ray_constants = None
+    hook = getattr(ray_constants, "WORKER_PROCESS_SETUP_HOOK_ENV_VAR", None)
+    if not tracking_uri or not hook or hook in os.environ:
+        yield
+        return
+    os.environ[hook] = f"{helper.__name__}.{helper.prestart.__name__}"
+    os.environ[helper.PRESTART_URI] = tracking_uri
+    try:
+        yield
+    finally:
+        os.environ.pop(hook, None)
+        os.environ.pop(helper.PRESTART_URI, None)
+
+
 def _drop_study_stop(record: logging.LogRecord) -> bool:
     return STUDY_STOP_NOISE not in str(record.msg)
 
 
-def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | None = None) -> bool:
+def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | None = None,
+             helper_uri: str | None = None) -> bool:
     """Start (or connect to) Ray; returns True when this call started it. ``say`` gets one
     line before the wait ("starting a local Ray…", "connecting to Ray at …") and one
-    after it, so the first seconds of a sweep are not silent."""
+    after it, so the first seconds of a sweep are not silent. The workers of a local Ray
+    started with ``helper_uri`` start their MLflow helper for it at once (`prestarted_helpers`)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the live board replaces Tune's tables
@@ -108,7 +134,8 @@ def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | No
     if say is not None:
         say(f"connecting to Ray at {address}…" if address else "starting a local Ray…")
     try:
-        with lean_head(verbose) if not address else nullcontext():
+        with lean_head(verbose) if not address else nullcontext(), \
+                prestarted_helpers(helper_uri if not address else None):
             ray.init(address=address or None, include_dashboard=False, log_to_driver=verbose,
                      logging_level=logging.INFO if verbose else logging.WARNING,
                      configure_logging=True, **extra)

@@ -178,7 +178,8 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
         started_ray = False
         try:
             started_ray = init_ray(options.address, options.verbose,
-                                   say=lambda line: console.print(line, highlight=False))
+                                   say=lambda line: console.print(line, highlight=False),
+                                   helper_uri=options.tracking_uri)
             client, parent = lookup.result()
             _check_parent(space, options, parent, exp_path)
             check_resources(space)

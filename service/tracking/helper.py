@@ -12,7 +12,9 @@ print; and nothing the project reads is unpickled). An error in the helper comes
 `TrackingCallError`, marked transient as `store.is_transient` judged it there, so the
 worker's retries and its outage handling (`spool`) work as with a client of its own; a
 helper that died is a transient error, and the next call starts a new one. The helper ends
-when the worker does (its pipe closes).
+when the worker does (its pipe closes). In a local sweep every Ray worker starts its helper
+as soon as the process starts (`prestart`, Ray's worker-process setup hook), before it
+loads Ray Tune and the trial's code: about 2 s earlier than the trial's first call.
 Artifacts are read from the worker's spool by path: the helper runs on the worker's node.
 """
 
@@ -119,6 +121,25 @@ def shared(tracking_uri: str) -> HelperClient:
         if tracking_uri not in _SHARED:
             _SHARED[tracking_uri] = HelperClient(tracking_uri)
         return _SHARED[tracking_uri]
+
+
+# the tracking URI a worker's setup hook starts its helper for (`cluster.init_ray` sets it,
+# with the hook, in the environment a local Ray's workers inherit)
+PRESTART_URI = "NALU_SWEEP_HELPER_URI"
+
+
+def prestart() -> None:
+    """Ray's worker-process setup hook in a local sweep: start this worker's helper for the
+    sweep's tracking URI now, so MLflow's import and the store's opening overlap the worker's
+    imports of Ray Tune, the trial's code and torch. It never raises (an exception would end
+    the worker): a helper that failed to start is started by the first call."""
+    uri = os.environ.get(PRESTART_URI)
+    if not uri:
+        return
+    try:
+        shared(uri)
+    except Exception:  # noqa: BLE001, S110 - only a head start
+        pass
 
 
 def _calls() -> dict[str, Any]:

@@ -147,3 +147,63 @@ def test_the_helper_ends_with_its_worker(tracking, tmp_path):
         helper_process.wait(timeout=60)  # psutil.TimeoutExpired if it outlived its worker
     finally:
         owner.kill()
+
+
+PRESTART = textwrap.dedent("""
+    import json, os, sys
+    import psutil
+    import ray
+    from ray._private import ray_constants
+    from service.sweep.cluster import init_ray, stop_ray
+
+    @ray.remote
+    def worker_state():  # runs first in a fresh worker: what its setup hook left
+        from service.tracking import helper
+        children = [" ".join(p.cmdline()) for p in psutil.Process().children()]
+        return {"helpers": sorted(helper._SHARED), "children": children}
+
+    assert init_ray(None, verbose=False, helper_uri=sys.argv[1] or None)
+    try:
+        state = ray.get(worker_state.remote())
+    finally:
+        stop_ray()
+    hook = ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
+    state["driver_env"] = [k for k in (hook, "NALU_SWEEP_HELPER_URI") if k in os.environ]
+    print(json.dumps(state))
+    """)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_uri", [True, False])
+def test_a_local_rays_workers_start_their_helper_as_they_start(tracking, tmp_path, with_uri):
+    """A sweep's local Ray: each worker has its helper for the sweep's store before its first
+    task (Ray's worker-process setup hook), and the driver's environment is as it was. A Ray
+    started without a URI (validation, whose workers record nothing) starts no helper."""
+    uri = tracking[0]
+    script = tmp_path / "prestart.py"
+    script.write_text(PRESTART)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
+    result = subprocess.run([sys.executable, str(script), uri if with_uri else ""], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    state = json.loads(result.stdout.strip().splitlines()[-1])
+    assert state["driver_env"] == []
+    helpers = [c for c in state["children"] if "service.tracking.helper" in c]
+    if with_uri:
+        assert state["helpers"] == [uri]
+        assert len(helpers) == 1 and helpers[0].endswith(uri)
+    else:
+        assert state["helpers"] == [] and helpers == []
+
+
+def test_prestart_never_raises(monkeypatch):
+    """An exception in Ray's setup hook would end the worker: a helper that cannot start is
+    left to the trial's first call."""
+    from service.tracking import helper
+
+    def broken(uri):
+        raise OSError("no python here")
+
+    monkeypatch.setattr(helper, "shared", broken)
+    monkeypatch.setenv(helper.PRESTART_URI, "sqlite:////nowhere/mlflow.db")
+    assert helper.prestart() is None
