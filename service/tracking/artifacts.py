@@ -142,7 +142,7 @@ def plot_curves(result: RunResult, path: Path, title: str = "") -> Path:
             ax.legend(loc="best", fontsize=8)
         if finite_vals.size:
             ax.set_yscale("log")
-        ax.set_title(f"{name} MSE")
+        ax.set_title(f"{name} MSE", y=1.0, pad=4)  # given: not placed by measuring the tick labels
         ax.set_xlabel("step")
     if title:
         fig.suptitle(title, fontsize=10)
@@ -152,17 +152,27 @@ def plot_curves(result: RunResult, path: Path, title: str = "") -> Path:
     return path
 
 
-def plot_weights(result: RunResult, seeds: dict[str, int], path: Path) -> Path:
-    """Heatmaps of every learned weight matrix, one row per chosen seed (colour −1 … 1)."""
+# the cells of a matrix this small get their values written in them
+ANNOTATED_CELLS, ANNOTATED_COLUMNS = 48, 12
+
+
+def weights_figure(result: RunResult, seeds: dict[str, int]) -> Any:
+    """Heatmaps of every learned weight matrix, one row per chosen seed (colour −1 … 1, the
+    values written in the cells of a small matrix, integer cell indices): a matplotlib figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     names = list(result.weights)
     rows = list(seeds.items())
-    fig, axes = plt.subplots(max(1, len(rows)), max(1, len(names)),
-                             figsize=(3.2 * max(1, len(names)), 2.4 * max(1, len(rows))), squeeze=False)
+    n_rows, n_cols = max(1, len(rows)), max(1, len(names))
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.4 * n_cols + 0.9, 2.6 * n_rows), squeeze=False)
+    # a fixed layout, with room for each panel's title and labels (tight_layout would
+    # measure every label, at the end of every trial); the colour bar in its own axes
+    fig.subplots_adjust(left=0.05 + 0.05 / n_cols, right=0.86, bottom=0.06 + 0.1 / n_rows,
+                        top=1 - 0.1 / n_rows, wspace=0.35, hspace=0.5)
     image = None
     for i, (role, k) in enumerate(rows):
         for j, name in enumerate(names):
@@ -170,12 +180,27 @@ def plot_weights(result: RunResult, seeds: dict[str, int], path: Path) -> Path:
             w = np.asarray(result.weights[name][k], dtype=np.float64)
             image = ax.imshow(np.nan_to_num(w, nan=0.0), cmap="RdBu_r", vmin=-1, vmax=1,
                               aspect="auto", interpolation="nearest")
-            ax.set_title(f"{role} (seed {result.seeds[k].seed}) · {name}", fontsize=8)
+            if w.ndim == 2 and w.size <= ANNOTATED_CELLS and w.shape[1] <= ANNOTATED_COLUMNS:
+                for (r, c), v in np.ndenumerate(w):
+                    ax.text(c, r, f"{v:.2f}" if math.isfinite(v) else "nan", ha="center", va="center",
+                            fontsize=7, color="white" if math.isfinite(v) and abs(v) > 0.6 else "black")
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True, min_n_ticks=1))
+            ax.yaxis.set_major_locator(MaxNLocator(nbins=6, integer=True, min_n_ticks=1))
+            # a given title position: matplotlib would otherwise measure the tick labels to place it
+            ax.set_title(f"{role} (seed {result.seeds[k].seed}) · {name}", fontsize=8, y=1.0, pad=3)
             ax.set_xlabel("in", fontsize=7)
             ax.set_ylabel("out", fontsize=7)
             ax.tick_params(labelsize=6)
     if image is not None:
-        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8)
+        fig.colorbar(image, cax=fig.add_axes((0.89, 0.15, 0.02, 0.7)))
+    return fig
+
+
+def plot_weights(result: RunResult, seeds: dict[str, int], path: Path) -> Path:
+    """`weights_figure` as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = weights_figure(result, seeds)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from service.config import RunConfig
-from service.tracking.artifacts import best_and_failed, write_trial_artifacts
+from service.tracking.artifacts import best_and_failed, weights_figure, write_trial_artifacts
 from service.training import train
 
 
@@ -51,3 +51,26 @@ def test_best_and_failed_seed_choice(result):
         assert not seeds[failed].success and failed != best
     else:
         assert all(s.success for s in seeds if s is not seeds[best])
+
+
+def test_weight_heatmaps_show_small_matrices_values_and_integer_cell_indices(result):
+    """A small matrix has each cell's value written in it, a large one none; the axes number
+    the cells by whole indices."""
+    import dataclasses
+
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    wide = dataclasses.replace(result, weights={**result.weights, "wide": np.zeros((len(result.seeds), 3, 40))})
+    fig = weights_figure(wide, {"best": 0})
+    try:
+        panels = {ax.get_title().split(" · ")[-1]: ax for ax in fig.axes if " · " in ax.get_title()}
+        for name, w in result.weights.items():
+            written = sorted(float(t.get_text()) for t in panels[name].texts)
+            assert written == sorted(round(float(v), 2) for v in np.ravel(w[0]))
+        assert len(panels["wide"].texts) == 0
+        for ax in panels.values():
+            for ticks in (ax.get_xticks(), ax.get_yticks()):
+                assert len(ticks) and all(float(t).is_integer() for t in ticks)
+    finally:
+        plt.close(fig)
