@@ -27,9 +27,16 @@ from service.pack_structure import structure_key
 from service.search.assign import active_params, run_configs
 from service.search.packing import packable_params
 from service.search.space import SearchSpace
-from service.sweep.results import DONE, PACK_MEMBERS, PRUNED, STATE, member_results
+from service.sweep.results import (
+    DONE,
+    PACK_MEMBERS,
+    PRUNED,
+    RUN_CONFIGS,
+    STATE,
+    member_results,
+)
 from service.sweep.rungs import RungSpec, board
-from service.sweep.searcher import RUN_CONFIGS, ResumableOptunaSearch
+from service.sweep.searcher import ResumableOptunaSearch
 
 logger = logging.getLogger(__name__)
 

@@ -21,6 +21,10 @@ def is_metric_key(key: str) -> bool:
     return any(c.split(".")[0] in _METRIC_FIELDS for c in (key, key.partition(".")[2]) if c)
 
 
+RUN_CONFIGS = "__run_configs__"
+"""Key of a Tune trial's config that holds its ``{task: RunConfig}``, built in the driver."""
+OPTUNA_TRIAL = "__optuna_trial__"
+"""Key of a Tune trial's config that holds its Optuna trial number (tagged on its run)."""
 PACK_MEMBERS = "__pack__"
 """Key of a pack's Tune config: its members, ``[{number, params, RUN_CONFIGS}]``."""
 MEMBERS = "members"

@@ -25,6 +25,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from service.errors import UserError
 from service.formatting import redact
+from service.sweep.results import OPTUNA_TRIAL, RUN_CONFIGS
 from service.sweep.study_sync import TrialRecords, sync_study
 
 if TYPE_CHECKING:
@@ -47,12 +48,6 @@ def fail_abandoned_trials(study: Any, known: Iterable[int]) -> list[int]:
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
             failed.append(trial.number)
     return failed
-
-
-RUN_CONFIGS = "__run_configs__"
-"""Key of a Tune trial's config that holds its ``{task: RunConfig}``, built in the driver."""
-OPTUNA_TRIAL = "__optuna_trial__"
-"""Key of a Tune trial's config that holds its Optuna trial number (tagged on its run)."""
 
 
 class ResumableOptunaSearch(OptunaSearch):

@@ -12,9 +12,15 @@ from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
 from service.sweep.cluster import gpu_ids, node_ip
 from service.sweep.logged_params import regularizer_params
-from service.sweep.results import DONE, PACK_MEMBERS, RUNNING, member_key
+from service.sweep.results import (
+    DONE,
+    OPTUNA_TRIAL,
+    PACK_MEMBERS,
+    RUN_CONFIGS,
+    RUNNING,
+    member_key,
+)
 from service.sweep.rungs import find_board
-from service.sweep.searcher import OPTUNA_TRIAL, RUN_CONFIGS
 from service.tracking import helper, runs, store
 from service.tracking.store import Outcome
 

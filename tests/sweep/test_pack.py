@@ -17,8 +17,8 @@ from service.search.space import SearchSpaceError
 from service.sweep import pack_search
 from service.sweep.pack import Member, PackState, run_pack
 from service.sweep.pack_search import PackedOptunaSearch
-from service.sweep.results import DONE, PACK_MEMBERS, PRUNED, STATE, STEP, member_results
-from service.sweep.searcher import RUN_CONFIGS, make_sampler
+from service.sweep.results import DONE, PACK_MEMBERS, PRUNED, RUN_CONFIGS, STATE, STEP, member_results
+from service.sweep.searcher import make_sampler
 from service.sweep.trial import params_digest, run_trial
 from service.tracking.store import TAG_PARAMS_SHA256
 

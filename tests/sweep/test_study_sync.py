@@ -14,7 +14,8 @@ from service.scoring.objective import OBJECTIVE
 from service.search.loading import parse_space
 from service.search.sampler import DefineByRun
 from service.sweep import driver
-from service.sweep.searcher import OPTUNA_TRIAL, RUN_CONFIGS, ResumableOptunaSearch
+from service.sweep.results import OPTUNA_TRIAL, RUN_CONFIGS
+from service.sweep.searcher import ResumableOptunaSearch
 from service.sweep.study_sync import TrialRecords, report_number, reported_values
 from service.tracking import runs, store
 from service.tracking.store import Outcome
