@@ -18,7 +18,7 @@ The fixed cost is measured against nothing: a sweep of no trials would pay it. A
 `nalu-sweep run` pays its own process start and imports besides its training; the sweep's
 trials share one worker process, so they do not.
 
-Usage: python benchmarks/sweep_overhead.py [--trials 2] [--seeds 32] [--steps 20000]
+Usage: python benchmarks/sweep_overhead.py [--trials 2] [--seeds 32] [--steps 20000] [--repeat 1]
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -120,41 +121,72 @@ def runs(root: Path, trials: int, args: argparse.Namespace) -> list[float]:
     return walls
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=2, help="N, at most 8")
-    parser.add_argument("--seeds", type=int, default=32)
-    parser.add_argument("--steps", type=int, default=20000)
-    parser.add_argument("--eval-every", type=int, default=1000)
-    args = parser.parse_args()
-    n = max(2, min(args.trials, len(LRS)))
+def measure(args: argparse.Namespace, n: int) -> dict[str, float]:
+    """One repetition: the N runs, the sweep of 1 trial and the sweep of N, each a fresh
+    process in a fresh directory; wall and CPU seconds and what follows from them."""
+    CPU.clear()
     with tempfile.TemporaryDirectory(prefix="nalu-sweep-overhead-") as tmp:
         root = Path(tmp)
         run_walls = runs(root, n, args)
         one = sweep(root, 1, args)
         many = sweep(root, n, args)
         trained = [json.loads((root / "runs" / f"result{i}.json").read_text())["elapsed_s"] for i in range(n)]
-    run_total, per_run = sum(run_walls), sum(run_walls) / n
-    training = sum(trained) / n
-    one_more = (many - one) / (n - 1)
-    fixed, per_trial = one - one_more, one_more - training
-    print(f"{n} trials × {args.seeds} seeds × {args.steps} steps (eager, one at a time); load {os.getloadavg()[0]:.1f}")
-    print(f"  nalu-sweep run × {n}:   {run_total:7.1f} s  ({', '.join(f'{w:.1f}' for w in run_walls)}); training "
-          f"inside each (its elapsed_s): {', '.join(f'{t:.1f}' for t in trained)} s")
-    print(f"  nalu-sweep sweep, 1 trial:  {one:7.1f} s")
-    print(f"  nalu-sweep sweep, {n} trials: {many:7.1f} s  → ratio {many / run_total:.2f} against the {n} runs")
-    print(f"  one more trial in a sweep: {one_more:.1f} s (a `nalu-sweep run`: {per_run:.1f} s, process start "
-          f"and imports included)")
-    print(f"  fixed cost:     {fixed:6.1f} s  (target: under 10 s)")
-    print(f"  per-trial cost: {per_trial:6.1f} s  beyond the training; {per_trial / 30:.1%} of a 30-second trial "
-          f"(target: under 5%), {per_trial / max(training, 1e-9):.1%} of this {training:.1f}-second one; a run pays "
-          f"{per_run - training:.1f} s")
     cpu = list(CPU.values())  # the runs, then sweep(1), then sweep(N)
-    run_cpu, one_cpu, many_cpu = sum(cpu[:n]), cpu[n], cpu[n + 1]
-    one_more_cpu = (many_cpu - one_cpu) / (n - 1)
-    print(f"  CPU seconds (each command's process tree): runs {run_cpu:.1f} "
-          f"({', '.join(f'{c:.1f}' for c in cpu[:n])}), sweep(1) {one_cpu:.1f}, sweep({n}) {many_cpu:.1f} → ratio "
-          f"{many_cpu / run_cpu:.2f}; one more trial {one_more_cpu:.1f}, fixed {one_cpu - one_more_cpu:.1f}")
+    one_more = (many - one) / (n - 1)
+    training = sum(trained) / n
+    one_more_cpu = (cpu[n + 1] - cpu[n]) / (n - 1)
+    return {"runs": sum(run_walls), "per_run": sum(run_walls) / n, "training": training,
+            "run_walls": run_walls, "trained": trained, "one": one, "many": many, "one_more": one_more,
+            "fixed": one - one_more, "per_trial": one_more - training, "runs_cpu": sum(cpu[:n]),
+            "run_cpus": cpu[:n], "one_cpu": cpu[n], "many_cpu": cpu[n + 1], "one_more_cpu": one_more_cpu,
+            "fixed_cpu": cpu[n] - one_more_cpu}
+
+
+def report(m: dict[str, float], n: int) -> None:
+    print(f"  nalu-sweep run × {n}:   {m['runs']:7.1f} s  ({', '.join(f'{w:.1f}' for w in m['run_walls'])}); "
+          f"training inside each (its elapsed_s): {', '.join(f'{t:.1f}' for t in m['trained'])} s")
+    print(f"  nalu-sweep sweep, 1 trial:  {m['one']:7.1f} s")
+    print(f"  nalu-sweep sweep, {n} trials: {m['many']:7.1f} s  → ratio {m['many'] / m['runs']:.2f} against the "
+          f"{n} runs")
+    print(f"  one more trial in a sweep: {m['one_more']:.1f} s (a `nalu-sweep run`: {m['per_run']:.1f} s, process "
+          f"start and imports included)")
+    print(f"  fixed cost:     {m['fixed']:6.1f} s  (target: under 10 s)")
+    print(f"  per-trial cost: {m['per_trial']:6.1f} s  beyond the training; {m['per_trial'] / 30:.1%} of a "
+          f"30-second trial (target: under 5%), {m['per_trial'] / max(m['training'], 1e-9):.1%} of this "
+          f"{m['training']:.1f}-second one; a run pays {m['per_run'] - m['training']:.1f} s")
+    print(f"  CPU seconds (each command's process tree): runs {m['runs_cpu']:.1f} "
+          f"({', '.join(f'{c:.1f}' for c in m['run_cpus'])}), sweep(1) {m['one_cpu']:.1f}, sweep({n}) "
+          f"{m['many_cpu']:.1f} → ratio {m['many_cpu'] / m['runs_cpu']:.2f}; one more trial "
+          f"{m['one_more_cpu']:.1f}, fixed {m['fixed_cpu']:.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=2, help="N, at most 8")
+    parser.add_argument("--seeds", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=20000)
+    parser.add_argument("--eval-every", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="repetitions of the whole measurement; with more than one, each is printed and then "
+                             "the median of each figure (on a noisy machine one repetition's fixed cost can be off "
+                             "by several seconds: it is the difference of two sweeps)")
+    args = parser.parse_args()
+    n = max(2, min(args.trials, len(LRS)))
+    reps = []
+    for r in range(max(1, args.repeat)):
+        reps.append(measure(args, n))
+        print(f"{n} trials × {args.seeds} seeds × {args.steps} steps (eager, one at a time); load "
+              f"{os.getloadavg()[0]:.1f}" + (f"; repetition {r + 1} of {args.repeat}" if args.repeat > 1 else ""))
+        report(reps[-1], n)
+    if len(reps) > 1:
+        keys = [k for k, v in reps[0].items() if isinstance(v, float)]
+        median = {k: statistics.median(m[k] for m in reps) for k in keys}
+        median.update({k: [statistics.median(m[k][i] for m in reps) for i in range(n)]
+                       for k in ("run_walls", "trained", "run_cpus")})
+        print(f"median of {len(reps)} repetitions (each figure on its own); fixed cost "
+              f"{min(m['fixed'] for m in reps):.1f}–{max(m['fixed'] for m in reps):.1f} s, per-trial cost "
+              f"{min(m['per_trial'] for m in reps):.1f}–{max(m['per_trial'] for m in reps):.1f} s:")
+        report(median, n)
 
 
 if __name__ == "__main__":
