@@ -71,26 +71,27 @@ def plain_trial_workers() -> None:
 
 
 @contextmanager
-def prestarted_helpers(tracking_uri: str | None) -> Iterator[None]:
+def prestarted_helpers(announcement: Path | None) -> Iterator[None]:
     """While a local Ray starts: its workers will run `helper.prestart` as Ray's worker-process
-    setup hook, for ``tracking_uri``. A raylet's workers inherit its environment, which is
-    this process's while `ray.init` starts it; afterwards this process's is as it was.
-    Nothing without a URI, when another hook is set, or when Ray has no such hook."""
+    setup hook, for the tracking URI in the file ``announcement`` (`helper.announced`) when
+    they start. A raylet's workers inherit its environment, which is this process's while
+    `ray.init` starts it; afterwards this process's is as it was. Nothing without a file,
+    when another hook is set, or when Ray has no such hook."""
     try:
         from ray._private import ray_constants
     except ImportError:
         ray_constants = None
     hook = getattr(ray_constants, "WORKER_PROCESS_SETUP_HOOK_ENV_VAR", None)
-    if not tracking_uri or not hook or hook in os.environ:
+    if announcement is None or not hook or hook in os.environ:
         yield
         return
     os.environ[hook] = f"{helper.__name__}.{helper.prestart.__name__}"
-    os.environ[helper.PRESTART_URI] = tracking_uri
+    os.environ[helper.PRESTART_FILE] = str(announcement)
     try:
         yield
     finally:
         os.environ.pop(hook, None)
-        os.environ.pop(helper.PRESTART_URI, None)
+        os.environ.pop(helper.PRESTART_FILE, None)
 
 
 def _drop_study_stop(record: logging.LogRecord) -> bool:
@@ -98,11 +99,12 @@ def _drop_study_stop(record: logging.LogRecord) -> bool:
 
 
 def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | None = None,
-             helper_uri: str | None = None) -> bool:
+             helper_announcement: Path | None = None) -> bool:
     """Start (or connect to) Ray; returns True when this call started it. ``say`` gets one
     line before the wait ("starting a local Ray…", "connecting to Ray at …") and one
     after it, so the first seconds of a sweep are not silent. The workers of a local Ray
-    started with ``helper_uri`` start their MLflow helper for it at once (`prestarted_helpers`)."""
+    started with ``helper_announcement`` start their MLflow helper at once, for the URI in
+    that file while it exists (`prestarted_helpers`)."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the live board replaces Tune's tables
@@ -135,7 +137,7 @@ def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | No
         say(f"connecting to Ray at {address}…" if address else "starting a local Ray…")
     try:
         with lean_head(verbose) if not address else nullcontext(), \
-                prestarted_helpers(helper_uri if not address else None):
+                prestarted_helpers(helper_announcement if not address else None):
             ray.init(address=address or None, include_dashboard=False, log_to_driver=verbose,
                      logging_level=logging.INFO if verbose else logging.WARNING,
                      configure_logging=True, **extra)

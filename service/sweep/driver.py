@@ -43,7 +43,7 @@ from service.sweep.rungs import release_board
 from service.sweep.searcher import check_study, make_sampler, optuna_storage
 from service.sweep.study_sync import TrialRecords
 from service.sweep.trainable import TrialSettings, make_trainable
-from service.tracking import runs, store
+from service.tracking import helper, runs, store
 from service.tracking.links import describe_experiment
 from service.tracking.store import Outcome
 
@@ -173,13 +173,15 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
     check_study(options)
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nalu-sweep-store") as pool:
+    # the trial workers' MLflow helpers start with them (`helper.prestart`) while this runs
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nalu-sweep-store") as pool, \
+            helper.announced(options.tracking_uri) as announcement:
         lookup = pool.submit(_open_store, options)
         started_ray = False
         try:
             started_ray = init_ray(options.address, options.verbose,
                                    say=lambda line: console.print(line, highlight=False),
-                                   helper_uri=options.tracking_uri)
+                                   helper_announcement=announcement)
             client, parent = lookup.result()
             _check_parent(space, options, parent, exp_path)
             check_resources(space)

@@ -12,9 +12,10 @@ print; and nothing the project reads is unpickled). An error in the helper comes
 `TrackingCallError`, marked transient as `store.is_transient` judged it there, so the
 worker's retries and its outage handling (`spool`) work as with a client of its own; a
 helper that died is a transient error, and the next call starts a new one. The helper ends
-when the worker does (its pipe closes). In a local sweep every Ray worker starts its helper
-as soon as the process starts (`prestart`, Ray's worker-process setup hook), before it
-loads Ray Tune and the trial's code: about 2 s earlier than the trial's first call.
+when the worker does (its pipe closes). In a local sweep every Ray worker started while
+the trials run starts its helper as soon as the process starts (`prestart`, Ray's
+worker-process setup hook), before it loads Ray Tune and the trial's code: about 2 s
+earlier than the trial's first call.
 Artifacts are read from the worker's spool by path: the helper runs on the worker's node.
 """
 
@@ -22,9 +23,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -123,22 +128,39 @@ def shared(tracking_uri: str) -> HelperClient:
         return _SHARED[tracking_uri]
 
 
-# the tracking URI a worker's setup hook starts its helper for (`cluster.init_ray` sets it,
-# with the hook, in the environment a local Ray's workers inherit)
-PRESTART_URI = "NALU_SWEEP_HELPER_URI"
+# a file, named in the environment a local Ray's workers inherit (`cluster.init_ray`), that
+# holds the tracking URI their setup hook starts a helper for while the sweep's trials run
+PRESTART_FILE = "NALU_SWEEP_HELPER_FILE"
+
+
+@contextmanager
+def announced(tracking_uri: str) -> Iterator[Path]:
+    """A private file holding ``tracking_uri`` while the block runs (the sweep's trials), for
+    `prestart`; gone afterwards, so workers that a kept Ray starts later (`validate`'s, which
+    record nothing) start no helper."""
+    directory = Path(tempfile.mkdtemp(prefix="nalu-sweep-helper-"))  # mode 0700: the URI may hold credentials
+    path = directory / "tracking_uri"
+    try:
+        path.write_text(tracking_uri)
+        yield path
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def prestart() -> None:
     """Ray's worker-process setup hook in a local sweep: start this worker's helper for the
     sweep's tracking URI now, so MLflow's import and the store's opening overlap the worker's
-    imports of Ray Tune, the trial's code and torch. It never raises (an exception would end
-    the worker): a helper that failed to start is started by the first call."""
-    uri = os.environ.get(PRESTART_URI)
-    if not uri:
+    imports of Ray Tune, the trial's code and torch; nothing once the sweep's trials ended
+    (`announced`). It never raises (an exception would end the worker): a helper that failed
+    to start is started by the trial's first call."""
+    path = os.environ.get(PRESTART_FILE)
+    if not path:
         return
     try:
-        shared(uri)
-    except Exception:  # noqa: BLE001, S110 - only a head start
+        uri = Path(path).read_text().strip()
+        if uri:
+            shared(uri)
+    except Exception:  # noqa: BLE001, S110 - only a head start (no file: no trials running)
         pass
 
 

@@ -155,6 +155,7 @@ PRESTART = textwrap.dedent("""
     import ray
     from ray._private import ray_constants
     from service.sweep.cluster import init_ray, stop_ray
+    from service.tracking import helper
 
     @ray.remote
     def worker_state():  # runs first in a fresh worker: what its setup hook left
@@ -162,41 +163,56 @@ PRESTART = textwrap.dedent("""
         children = [" ".join(p.cmdline()) for p in psutil.Process().children()]
         return {"helpers": sorted(helper._SHARED), "children": children}
 
-    assert init_ray(None, verbose=False, helper_uri=sys.argv[1] or None)
-    try:
-        state = ray.get(worker_state.remote())
-    finally:
-        stop_ray()
+    mode, uri = sys.argv[1:3]
+    with helper.announced(uri) as announcement:
+        if mode == "trials ended":
+            announcement.unlink()
+        assert init_ray(None, verbose=False, helper_announcement=None if mode == "no sweep" else announcement)
+        try:
+            state = ray.get(worker_state.remote())
+        finally:
+            stop_ray()
     hook = ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
-    state["driver_env"] = [k for k in (hook, "NALU_SWEEP_HELPER_URI") if k in os.environ]
+    state["driver_env"] = [k for k in (hook, helper.PRESTART_FILE) if k in os.environ]
     print(json.dumps(state))
     """)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("with_uri", [True, False])
-def test_a_local_rays_workers_start_their_helper_as_they_start(tracking, tmp_path, with_uri):
-    """A sweep's local Ray: each worker has its helper for the sweep's store before its first
-    task (Ray's worker-process setup hook), and the driver's environment is as it was. A Ray
-    started without a URI (validation, whose workers record nothing) starts no helper."""
+@pytest.mark.parametrize("mode", ["trials running", "trials ended", "no sweep"])
+def test_a_local_rays_workers_start_their_helper_as_they_start(tracking, tmp_path, mode):
+    """A sweep's local Ray: a worker started while the trials run has its helper for the
+    sweep's store before its first task (Ray's worker-process setup hook), and the driver's
+    environment is as it was. One started after them (`validate` on the Ray a sweep kept),
+    or by a Ray started without an announcement, starts none: its work records nothing."""
     uri = tracking[0]
     script = tmp_path / "prestart.py"
     script.write_text(PRESTART)
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
-    result = subprocess.run([sys.executable, str(script), uri if with_uri else ""], cwd=tmp_path,
+    result = subprocess.run([sys.executable, str(script), mode, uri], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300, env=env, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     state = json.loads(result.stdout.strip().splitlines()[-1])
     assert state["driver_env"] == []
     helpers = [c for c in state["children"] if "service.tracking.helper" in c]
-    if with_uri:
+    if mode == "trials running":
         assert state["helpers"] == [uri]
         assert len(helpers) == 1 and helpers[0].endswith(uri)
     else:
         assert state["helpers"] == [] and helpers == []
 
 
-def test_prestart_never_raises(monkeypatch):
+def test_the_announcement_is_private_and_gone_afterwards():
+    """The URI may hold a server's credentials: the file is readable by its owner only."""
+    from service.tracking import helper
+
+    with helper.announced("http://user:secret@127.0.0.1:5000") as path:
+        assert path.read_text() == "http://user:secret@127.0.0.1:5000"
+        assert path.parent.stat().st_mode & 0o077 == 0
+    assert not path.exists() and not path.parent.exists()
+
+
+def test_prestart_never_raises(monkeypatch, tmp_path):
     """An exception in Ray's setup hook would end the worker: a helper that cannot start is
     left to the trial's first call."""
     from service.tracking import helper
@@ -205,5 +221,7 @@ def test_prestart_never_raises(monkeypatch):
         raise OSError("no python here")
 
     monkeypatch.setattr(helper, "shared", broken)
-    monkeypatch.setenv(helper.PRESTART_URI, "sqlite:////nowhere/mlflow.db")
+    announcement = tmp_path / "tracking_uri"
+    announcement.write_text("sqlite:////nowhere/mlflow.db")
+    monkeypatch.setenv(helper.PRESTART_FILE, str(announcement))
     assert helper.prestart() is None
