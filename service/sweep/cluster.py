@@ -15,6 +15,7 @@ import service
 from service.endpoints import check_ray_address
 from service.errors import UserError
 from service.search.space import SearchSpace
+from service.sweep import worker_start
 from service.sweep.ray_head import lean_head
 from service.tracking import helper, store
 
@@ -71,12 +72,13 @@ def plain_trial_workers() -> None:
 
 
 @contextmanager
-def prestarted_helpers(announcement: Path | None) -> Iterator[None]:
-    """While a local Ray starts: its workers will run `helper.prestart` as Ray's worker-process
-    setup hook, for the tracking URI in the file ``announcement`` (`helper.announced`) when
-    they start. A raylet's workers inherit its environment, which is this process's while
-    `ray.init` starts it; afterwards this process's is as it was. Nothing without a file,
-    when another hook is set, or when Ray has no such hook."""
+def prepared_workers(announcement: Path | None) -> Iterator[None]:
+    """While a local Ray starts: its workers will run `worker_start.prepare` as Ray's
+    worker-process setup hook (their MLflow helper for the tracking URI in the file
+    ``announcement``, `helper.announced`, and the trial's imports, while that file exists).
+    A raylet's workers inherit its environment, which is this process's while `ray.init`
+    starts it; afterwards this process's is as it was. Nothing without a file, when another
+    hook is set, or when Ray has no such hook."""
     try:
         from ray._private import ray_constants
     except ImportError:
@@ -85,7 +87,7 @@ def prestarted_helpers(announcement: Path | None) -> Iterator[None]:
     if announcement is None or not hook or hook in os.environ:
         yield
         return
-    os.environ[hook] = f"{helper.__name__}.{helper.prestart.__name__}"
+    os.environ[hook] = f"{worker_start.__name__}.{worker_start.prepare.__name__}"
     os.environ[helper.PRESTART_FILE] = str(announcement)
     try:
         yield
@@ -99,12 +101,13 @@ def _drop_study_stop(record: logging.LogRecord) -> bool:
 
 
 def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | None = None,
-             helper_announcement: Path | None = None) -> bool:
+             helper_announcement: Path | None = None, warm_workers: int = 0) -> bool:
     """Start (or connect to) Ray; returns True when this call started it. ``say`` gets one
     line before the wait ("starting a local Ray…", "connecting to Ray at …") and one
     after it, so the first seconds of a sweep are not silent. The workers of a local Ray
-    started with ``helper_announcement`` start their MLflow helper at once, for the URI in
-    that file while it exists (`prestarted_helpers`)."""
+    started with ``helper_announcement`` start their MLflow helper and load the trial's code
+    at once, while that file exists (`prepared_workers`); ``warm_workers`` of them are
+    started as the driver connects (`ray_head.raylet_command`), ready for the first trials."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the live board replaces Tune's tables
@@ -122,7 +125,7 @@ def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | No
     package_root = str(Path(service.__file__).resolve().parent.parent)
     if not address:
         # a local raylet would start one idle Python worker per CPU when the driver connects
-        # (~1.5 s of CPU each); the trials' workers start on demand either way
+        # (~1.5 s of CPU each); the lean head prestarts only the warm workers asked for
         os.environ.setdefault(RAY_PRESTART, "0")
         # local workers inherit the driver's environment: make `service` importable
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -136,8 +139,8 @@ def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | No
     if say is not None:
         say(f"connecting to Ray at {address}…" if address else "starting a local Ray…")
     try:
-        with lean_head(verbose) if not address else nullcontext(), \
-                prestarted_helpers(helper_announcement if not address else None):
+        with lean_head(verbose, warm_workers) if not address else nullcontext(), \
+                prepared_workers(helper_announcement if not address else None):
             ray.init(address=address or None, include_dashboard=False, log_to_driver=verbose,
                      logging_level=logging.INFO if verbose else logging.WARNING,
                      configure_logging=True, **extra)

@@ -173,7 +173,8 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
     check_study(options)
     from concurrent.futures import ThreadPoolExecutor
 
-    # the trial workers' MLflow helpers start with them (`helper.prestart`) while this runs
+    # the trial workers start their MLflow helpers and load the trial's code as they start
+    # (`worker_start`), those of the first trials while Tune is set up here
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nalu-sweep-store") as pool, \
             helper.announced(options.tracking_uri) as announcement:
         lookup = pool.submit(_open_store, options)
@@ -181,7 +182,8 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
         try:
             started_ray = init_ray(options.address, options.verbose,
                                    say=lambda line: console.print(line, highlight=False),
-                                   helper_announcement=announcement)
+                                   helper_announcement=announcement,
+                                   warm_workers=min(space.concurrency, space.trials))
             client, parent = lookup.result()
             _check_parent(space, options, parent, exp_path)
             check_resources(space)

@@ -18,18 +18,39 @@ outlives the sweep), so `lean_head` replaces the three `Node` methods that start
 the duration of one `ray.init`. It is used only when this process starts the head itself
 (no ``--address``); `ray.shutdown` then stops everything the head did start. Where Ray's
 internals differ from what this expects (another Ray release), or where
-``NALU_SWEEP_RAY_HEAD=full``, Ray's usual head starts instead."""
+``NALU_SWEEP_RAY_HEAD=full``, Ray's usual head starts instead.
+
+Two more changes to that head's raylet (`raylet_command`), on its command line:
+
+* the **dashboard agent** of a minimal Ray install (``--minimal``: no dashboard dependencies,
+  so it loads no module) is replaced by `agent_stub`, which writes the agent's ports as
+  "not in use" at once: the raylet registers its node only when the agent has written
+  them, about 2 s after it started the agent on a 2-core machine, while the agent imported
+  Ray. A full install's agent (metrics, logs) is left as it is;
+* it **prestarts** ``warm_workers`` Python workers when the driver connects (Ray's default
+  would be one per CPU), which a sweep's trials take as their actors' workers: started
+  during Tune's set-up, they have imported Ray (and what their setup hook imports) when
+  the first trial needs them. Without warm workers none is prestarted."""
 
 from __future__ import annotations
 
 import os
+import shlex
+import subprocess
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+from service.sweep import agent_stub
 
 # ``full``: start every process of Ray's usual head (the escape hatch, should a Ray
 # release make the lean head misbehave)
 HEAD_ENV = "NALU_SWEEP_RAY_HEAD"
 MONITOR, API_SERVER, LOG_MONITOR = "start_monitor", "start_api_server", "start_log_monitor"
+# the raylet's options this rewrites, and Ray's system setting that turns prestarting on
+AGENT_OPTION, PRESTART_OPTION = "--dashboard_agent_command=", "--num_prestart_python_workers="
+AGENT_SCRIPT = os.path.join("dashboard", "agent.py")
+PRESTART_SETTING = "RAY_prestart_worker_first_driver"
 
 
 def skipped_starts(verbose: bool) -> tuple[str, ...]:
@@ -48,11 +69,74 @@ def _skip(node) -> None:
     return None
 
 
+def _agent_port_names() -> list[str] | None:
+    try:
+        from ray import _raylet
+    except ImportError:
+        return None
+    names = [getattr(_raylet, n, None) for n in
+             ("METRICS_AGENT_PORT_NAME", "METRICS_EXPORT_PORT_NAME", "DASHBOARD_AGENT_LISTEN_PORT_NAME")]
+    return names if all(isinstance(n, str) and n for n in names) else None
+
+
+def raylet_command(command: list[str], warm_workers: int, port_names: list[str] | None) -> tuple[list[str], bool]:
+    """The raylet's ``command`` with a minimal dashboard agent replaced by `agent_stub` (where
+    ``port_names``, the files Ray's agent writes, are known) and ``warm_workers`` workers to
+    prestart (no more than Ray's own count, one per CPU); returns it and whether
+    prestarting is to be turned on. An option not found as expected is left as it is."""
+    out, prestart = [], False
+    for arg in command:
+        if arg.startswith(AGENT_OPTION) and port_names:
+            agent = shlex.split(arg[len(AGENT_OPTION):])
+            scripts = [i for i, a in enumerate(agent) if a.endswith(AGENT_SCRIPT)]
+            if "--minimal" in agent and len(scripts) == 1:
+                agent[scripts[0]] = str(Path(agent_stub.__file__).resolve())
+                agent.append(agent_stub.PORT_NAMES_FLAG + ",".join(port_names))
+                arg = AGENT_OPTION + subprocess.list2cmdline(agent)
+        elif arg.startswith(PRESTART_OPTION) and arg[len(PRESTART_OPTION):].isdigit():
+            count = min(warm_workers, int(arg[len(PRESTART_OPTION):]))  # Ray's own: one per CPU
+            if count > 0:
+                arg, prestart = f"{PRESTART_OPTION}{count}", True
+        out.append(arg)
+    return out, prestart
+
+
 @contextmanager
-def lean_head(verbose: bool) -> Iterator[tuple[str, ...]]:
+def _rewritten_raylet(warm_workers: int) -> Iterator[None]:
+    """While open, the raylet Ray starts runs `raylet_command`'s command; restored on exit."""
+    try:
+        from ray._private import ray_constants, services
+    except ImportError:
+        yield
+        return
+    original = services.__dict__.get("start_ray_process")
+    raylet = getattr(ray_constants, "PROCESS_TYPE_RAYLET", None)
+    if not callable(original) or not raylet:
+        yield
+        return
+    port_names = _agent_port_names()
+
+    def start_ray_process(command, process_type, *args, **kwargs):
+        if process_type == raylet:
+            command, prestart = raylet_command(list(command), warm_workers, port_names)
+            env = dict(kwargs.get("env_updates") or {})
+            env[PRESTART_SETTING] = "1" if prestart else "0"
+            kwargs["env_updates"] = env
+        return original(command, process_type, *args, **kwargs)
+
+    services.start_ray_process = start_ray_process
+    try:
+        yield
+    finally:
+        services.start_ray_process = original
+
+
+@contextmanager
+def lean_head(verbose: bool, warm_workers: int = 0) -> Iterator[tuple[str, ...]]:
     """While open, a head node `ray.init` starts leaves out the processes of
-    `skipped_starts`; yields the names of the replaced methods (empty when Ray's usual head
-    starts). The methods are restored on exit, whatever happens."""
+    `skipped_starts`, and its raylet runs `raylet_command`'s command (``warm_workers``
+    workers prestarted); yields the names of the replaced methods (empty when Ray's usual
+    head starts). Everything is restored on exit, whatever happens."""
     try:
         from ray._private.node import Node
     except ImportError:  # another Ray layout: its usual head
@@ -65,7 +149,8 @@ def lean_head(verbose: bool) -> Iterator[tuple[str, ...]]:
     for n in names:
         setattr(Node, n, _skip_api_server if n == API_SERVER else _skip)
     try:
-        yield names
+        with _rewritten_raylet(warm_workers) if names else nullcontext():
+            yield names
     finally:
         for n, method in saved.items():
             setattr(Node, n, method)

@@ -13,7 +13,7 @@ print; and nothing the project reads is unpickled). An error in the helper comes
 worker's retries and its outage handling (`spool`) work as with a client of its own; a
 helper that died is a transient error, and the next call starts a new one. The helper ends
 when the worker does (its pipe closes). In a local sweep every Ray worker started while
-the trials run starts its helper as soon as the process starts (`prestart`, Ray's
+the trials run starts its helper as soon as the process starts (`prestart`, from Ray's
 worker-process setup hook), before it loads Ray Tune and the trial's code: about 2 s
 earlier than the trial's first call.
 Artifacts are read from the worker's spool by path: the helper runs on the worker's node.
@@ -147,21 +147,27 @@ def announced(tracking_uri: str) -> Iterator[Path]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def prestart() -> None:
-    """Ray's worker-process setup hook in a local sweep: start this worker's helper for the
-    sweep's tracking URI now, so MLflow's import and the store's opening overlap the worker's
-    imports of Ray Tune, the trial's code and torch; nothing once the sweep's trials ended
-    (`announced`). It never raises (an exception would end the worker): a helper that failed
-    to start is started by the trial's first call."""
+def prestart() -> bool:
+    """Part of a local sweep's worker start (`service.sweep.worker_start`): start this
+    worker's helper for the sweep's tracking URI now, so MLflow's import and the store's
+    opening overlap the worker's imports of Ray Tune, the trial's code and torch; nothing once
+    the sweep's trials ended (`announced`). Returns whether the sweep's trials are running
+    (a URI was announced). It never raises (an exception would end the worker): a helper that
+    failed to start is started by the trial's first call."""
     path = os.environ.get(PRESTART_FILE)
     if not path:
-        return
+        return False
     try:
         uri = Path(path).read_text().strip()
-        if uri:
-            shared(uri)
-    except Exception:  # noqa: BLE001, S110 - only a head start (no file: no trials running)
+    except OSError:  # no file: no trials running
+        return False
+    if not uri:
+        return False
+    try:
+        shared(uri)
+    except Exception:  # noqa: BLE001, S110 - only a head start
         pass
+    return True
 
 
 def _calls() -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """A local Ray as a sweep starts it: the lean head (`service.sweep.ray_head`) without the
-autoscaler monitor, the API server and (unless ``--verbose``) the log monitor; Ray's usual
+autoscaler monitor, the API server and (unless ``--verbose``) the log monitor, and with a
+stub in place of a minimal install's dashboard agent; Ray's usual
 head with ``NALU_SWEEP_RAY_HEAD=full``, whose monitor `stop_ray` kills first rather than
 wait a second on it. Either way `stop_ray` leaves no Ray process behind. And Tune's trials
 start as plain Ray workers (`cluster.plain_trial_workers`)."""
@@ -33,6 +34,8 @@ SCRIPT = textwrap.dedent("""
     node = worker._global_node
     procs = {kind: [info.process for info in infos] for kind, infos in node.all_processes.items()}
     monitor = procs.get(ray_constants.PROCESS_TYPE_MONITOR, [])
+    raylet = psutil.Process(procs[ray_constants.PROCESS_TYPE_RAYLET][0].pid)
+    agents = {c.pid: " ".join(c.cmdline()) for c in raylet.children() if "agent" in " ".join(c.cmdline()).lower()}
     at_shutdown = []
     real_shutdown = ray.shutdown
 
@@ -42,7 +45,9 @@ SCRIPT = textwrap.dedent("""
 
     ray.shutdown = shutdown
     stop_ray()
+    gone, left = psutil.wait_procs([psutil.Process(pid) for pid in agents if psutil.pid_exists(pid)], timeout=10)
     print(json.dumps({
+        "agents": sorted(agents.values()), "agents_left": [p.pid for p in left],
         "kinds": sorted(procs), "restored": restored, "answer": answer,
         "initialized": ray.is_initialized(), "monitor": at_shutdown,
         "alive": {kind: [p.pid for p in ps if psutil.pid_exists(p.pid) and p.poll() is None]
@@ -67,6 +72,7 @@ def _start_and_stop(tmp_path: Path, verbose: bool, head: str | None = None) -> d
     assert state["restored"] is True  # Ray's own Node methods are back after the start
     assert state["answer"] == 42
     assert all(not pids for pids in state["alive"].values()), state["alive"]
+    assert len(state["agents"]) == 2 and state["agents_left"] == []  # the raylet's two agents end with it
     return state
 
 
@@ -78,6 +84,9 @@ def test_the_lean_head_leaves_out_the_monitor_api_server_and_log_monitor(tmp_pat
     assert {ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET} <= kinds
     assert not kinds & {ray_constants.PROCESS_TYPE_MONITOR, ray_constants.PROCESS_TYPE_DASHBOARD,
                         ray_constants.PROCESS_TYPE_LOG_MONITOR}, kinds
+    # this project's Ray is a minimal install: its dashboard agent is the stub (and the task ran)
+    assert sum("service/sweep/agent_stub.py" in a for a in state["agents"]) == 1, state["agents"]
+    assert not any("DashboardAgent" in a for a in state["agents"]), state["agents"]
 
 
 def test_with_verbose_the_log_monitor_forwards_the_workers_output(tmp_path):
@@ -95,6 +104,7 @@ def test_the_full_head_is_stopped_whole_and_its_monitor_killed_first(tmp_path):
     assert {ray_constants.PROCESS_TYPE_MONITOR, ray_constants.PROCESS_TYPE_DASHBOARD,
             ray_constants.PROCESS_TYPE_LOG_MONITOR} <= set(state["kinds"])
     assert state["monitor"] == [-9]  # SIGKILLed before ray.shutdown, not left to its SIGTERM and 1-s wait
+    assert sum("DashboardAgent" in a for a in state["agents"]) == 1, state["agents"]  # Ray's own agent
 
 
 def test_the_usual_head_where_asked_or_where_ray_is_not_the_expected_one(monkeypatch):

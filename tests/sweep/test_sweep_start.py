@@ -40,7 +40,8 @@ def test_the_store_opens_on_a_thread_while_ray_starts(tmp_path, monkeypatch, spa
         seen["ray seen from the store"] = starting.wait(timeout=20)
         return real_open(options)
 
-    def init_ray(address, verbose, say=None, helper_announcement=None):
+    def init_ray(address, verbose, say=None, helper_announcement=None, warm_workers=0):
+        seen["warm workers"] = warm_workers
         starting.set()
         seen["store seen from Ray"] = opening.wait(timeout=20)
         seen["announcement"] = helper_announcement
@@ -55,7 +56,8 @@ def test_the_store_opens_on_a_thread_while_ray_starts(tmp_path, monkeypatch, spa
         driver.run_sweep(space, options)
     assert not seen.pop("announcement").exists()
     assert seen == {"thread": True, "ray seen from the store": True, "store seen from Ray": True,
-                    "announced": options.tracking_uri}
+                    "announced": options.tracking_uri,
+                    "warm workers": min(space.concurrency, space.trials)}  # one per trial of the first batch
 
 
 def test_a_sweep_refused_on_what_the_store_says_stops_the_ray_it_started(tmp_path, monkeypatch, space):
@@ -65,7 +67,7 @@ def test_a_sweep_refused_on_what_the_store_says_stops_the_ray_it_started(tmp_pat
     runs.start_sweep_run(client, experiment_id, options.name, space_file=None, spec_json=space.spec_json(),
                          spec_hash=space.spec_hash(), storage_path="elsewhere", params={})
     stopped = []
-    monkeypatch.setattr(driver, "init_ray", lambda address, verbose, say=None, helper_announcement=None: True)
+    monkeypatch.setattr(driver, "init_ray", lambda address, verbose, say=None, helper_announcement=None, warm_workers=0: True)
     monkeypatch.setattr(driver, "stop_ray", lambda: stopped.append(True))
     with pytest.raises(UserError, match="sweep 'start' already exists"):
         driver.run_sweep(space, options)  # no Tune experiment here: only MLflow knows the name

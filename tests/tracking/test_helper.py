@@ -150,7 +150,7 @@ def test_the_helper_ends_with_its_worker(tracking, tmp_path):
 
 
 PRESTART = textwrap.dedent("""
-    import json, os, sys
+    import json, os, sys, time
     import psutil
     import ray
     from ray._private import ray_constants
@@ -158,22 +158,33 @@ PRESTART = textwrap.dedent("""
     from service.tracking import helper
 
     @ray.remote
-    def worker_state():  # runs first in a fresh worker: what its setup hook left
+    def worker_state():  # runs first in its worker: what the worker's setup hook left
         from service.tracking import helper
-        children = [" ".join(p.cmdline()) for p in psutil.Process().children()]
-        return {"helpers": sorted(helper._SHARED), "children": children}
+        me = psutil.Process()
+        return {"helpers": sorted(helper._SHARED), "children": [" ".join(p.cmdline()) for p in me.children()],
+                "loaded": sorted(m for m in ("torch", "ray.tune", "service.sweep.trial") if m in sys.modules),
+                "pid": me.pid}
 
     mode, uri = sys.argv[1:3]
     with helper.announced(uri) as announcement:
         if mode == "trials ended":
             announcement.unlink()
-        assert init_ray(None, verbose=False, helper_announcement=None if mode == "no sweep" else announcement)
+        assert init_ray(None, verbose=False, helper_announcement=None if mode == "no sweep" else announcement,
+                        warm_workers=1)
         try:
+            raylet = psutil.Process(ray._private.worker._global_node.all_processes[
+                ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
+            waited = time.monotonic() + 5
+            workers = []
+            while not workers and time.monotonic() < waited:  # Ray forks them as the driver connects
+                workers = [c.pid for c in raylet.children() if "agent" not in " ".join(c.cmdline()).lower()]
+                time.sleep(0.1)
             state = ray.get(worker_state.remote())
         finally:
             stop_ray()
     hook = ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
     state["driver_env"] = [k for k in (hook, helper.PRESTART_FILE) if k in os.environ]
+    state["prestarted"] = state.pop("pid") in workers
     print(json.dumps(state))
     """)
 
@@ -182,9 +193,11 @@ PRESTART = textwrap.dedent("""
 @pytest.mark.parametrize("mode", ["trials running", "trials ended", "no sweep"])
 def test_a_local_rays_workers_start_their_helper_as_they_start(tracking, tmp_path, mode):
     """A sweep's local Ray: a worker started while the trials run has its helper for the
-    sweep's store before its first task (Ray's worker-process setup hook), and the driver's
-    environment is as it was. One started after them (`validate` on the Ray a sweep kept),
-    or by a Ray started without an announcement, starts none: its work records nothing."""
+    sweep's store, Ray Tune, torch and the trial's code before its first task (Ray's
+    worker-process setup hook, `worker_start`), and the driver's environment is as it was.
+    One started after them (`validate` on the Ray a sweep kept), or by a Ray started without
+    an announcement, starts none and loads nothing: its work records nothing. The warm
+    worker asked for is started as the driver connects, and takes the first task."""
     uri = tracking[0]
     script = tmp_path / "prestart.py"
     script.write_text(PRESTART)
@@ -195,11 +208,13 @@ def test_a_local_rays_workers_start_their_helper_as_they_start(tracking, tmp_pat
     state = json.loads(result.stdout.strip().splitlines()[-1])
     assert state["driver_env"] == []
     helpers = [c for c in state["children"] if "service.tracking.helper" in c]
+    assert state["prestarted"] is True  # the task ran on the worker Ray started as the driver connected
     if mode == "trials running":
         assert state["helpers"] == [uri]
         assert len(helpers) == 1 and helpers[0].endswith(uri)
+        assert state["loaded"] == ["ray.tune", "service.sweep.trial", "torch"]  # the trial's code, loaded
     else:
-        assert state["helpers"] == [] and helpers == []
+        assert state["helpers"] == [] and helpers == [] and state["loaded"] == []
 
 
 def test_the_announcement_is_private_and_gone_afterwards():
@@ -224,4 +239,4 @@ def test_prestart_never_raises(monkeypatch, tmp_path):
     announcement = tmp_path / "tracking_uri"
     announcement.write_text("sqlite:////nowhere/mlflow.db")
     monkeypatch.setenv(helper.PRESTART_FILE, str(announcement))
-    assert helper.prestart() is None
+    assert helper.prestart() is True  # the trials run; the helper is left to the first call
