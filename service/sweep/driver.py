@@ -43,7 +43,7 @@ from service.sweep.rungs import release_board
 from service.sweep.searcher import check_study, make_sampler, optuna_storage
 from service.sweep.study_sync import TrialRecords
 from service.sweep.trainable import TrialSettings, make_trainable
-from service.tracking import helper, runs, store
+from service.tracking import driver_tracking, helper, runs, store
 from service.tracking.links import describe_experiment
 from service.tracking.store import Outcome
 
@@ -174,9 +174,11 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
     from concurrent.futures import ThreadPoolExecutor
 
     # the trial workers start their MLflow helpers and load the trial's code as they start
-    # (`worker_start`), those of the first trials while Tune is set up here
+    # (`worker_start`), those of the first trials while Tune is set up here; for a database
+    # store this process answers their tracking calls itself (`driver_tracking`)
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nalu-sweep-store") as pool, \
-            helper.announced(options.tracking_uri) as announcement:
+            helper.announced(options.tracking_uri) as announcement, \
+            driver_tracking.served(announcement, options.tracking_uri, local=not options.address) as tracking:
         lookup = pool.submit(_open_store, options)
         started_ray = False
         try:
@@ -185,6 +187,8 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
                                    helper_announcement=announcement,
                                    warm_workers=min(space.concurrency, space.trials))
             client, parent = lookup.result()
+            if tracking is not None:
+                tracking.use(client)
             _check_parent(space, options, parent, exp_path)
             check_resources(space)
             summary = _run(space, options, console, client, parent, exp_path)

@@ -2,8 +2,8 @@
 
 `cluster.prepared_workers` makes `prepare` Ray's worker-process setup hook while that Ray
 starts. While the sweep's trials run (a tracking URI is announced: `helper.announced`) every
-worker is a trial's worker: it starts its MLflow helper (`helper.prestart`) and loads what a
-trial runs, Ray Tune (to unpickle the trainable) and the trial's code with torch. A worker
+worker is a trial's worker: it starts its MLflow helper, or connects to the driver that
+answers its tracking calls (`helper.prestart`, `driver_tracking`), and loads what a trial runs, Ray Tune (to unpickle the trainable) and the trial's code with torch. A worker
 that Ray prestarts when the driver connects (`ray_head.raylet_command`) does this while the
 driver sets up Tune, so the first trial finds it loaded; a worker Ray starts for a trial
 does the same work it would have done at the trial's first step. Afterwards (`validate`'s

@@ -17,6 +17,8 @@ the trials run starts its helper as soon as the process starts (`prestart`, from
 worker-process setup hook), before it loads Ray Tune and the trial's code: about 2 s
 earlier than the trial's first call.
 Artifacts are read from the worker's spool by path: the helper runs on the worker's node.
+Where the sweep's driver answers these calls itself (a local sweep on a database store:
+`driver_tracking`), the worker connects to it instead (`driver_socket`) and starts no helper.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -60,11 +63,14 @@ class HelperClient:
         self.tracking_uri = tracking_uri
         self._lock = threading.Lock()  # a call and its answer at a time: trial thread and outbox threads share it
         self._proc: subprocess.Popen | None = None
+        self._connection: socket.socket | None = None  # to the driver's `driver_tracking` instead
         self._send = self._receive = None
         self._start()
 
     def _start(self) -> None:
         store.tolerate_outages()  # the helper's MLflow reads these from its environment
+        if self._connect_to_driver():
+            return
         to_helper_r, to_helper_w = os.pipe()
         from_helper_r, from_helper_w = os.pipe()
         self._proc = subprocess.Popen(
@@ -75,12 +81,32 @@ class HelperClient:
         self._send = os.fdopen(to_helper_w, "wb")
         self._receive = os.fdopen(from_helper_r, "rb")
 
+    def _connect_to_driver(self) -> bool:
+        """Where this worker's local sweep driver answers tracking calls for this URI
+        (`driver_tracking`), its socket instead of a process: nothing to import or open."""
+        path = driver_socket(self.tracking_uri)
+        if path is None:
+            return False
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.connect(path)
+        except OSError:
+            connection.close()
+            return False
+        self._connection = connection
+        self._send, self._receive = connection.makefile("wb"), connection.makefile("rb")
+        return True
+
+    def _alive(self) -> bool:
+        return self._connection is not None or (self._proc is not None and self._proc.poll() is None)
+
     def _stop(self) -> None:
-        for f in (self._send, self._receive):
+        for f in (self._send, self._receive, self._connection):
             try:
                 f.close()
             except (OSError, AttributeError):
                 pass
+        self._connection = None
         if self._proc is not None and self._proc.poll() is None:
             self._proc.kill()
             self._proc.wait()
@@ -90,7 +116,7 @@ class HelperClient:
         """Run ``name`` (one of `_calls`: ``find_or_create_run``, ``send_write``) in the helper
         with this URI's client."""
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
+            if not self._alive():
                 self._stop()
                 self._start()
             try:
@@ -102,7 +128,7 @@ class HelperClient:
                 ok, value = json.loads(line)
             except (OSError, EOFError, ValueError) as e:
                 self._stop()  # the next call starts a new helper
-                raise TrackingCallError(f"the tracking helper process ended ({type(e).__name__})", True) from None
+                raise TrackingCallError(f"the tracking helper ended ({type(e).__name__})", True) from None
         if not ok:
             raise TrackingCallError(*value)
         return value
@@ -131,6 +157,25 @@ def shared(tracking_uri: str) -> HelperClient:
 # a file, named in the environment a local Ray's workers inherit (`cluster.init_ray`), that
 # holds the tracking URI their setup hook starts a helper for while the sweep's trials run
 PRESTART_FILE = "NALU_SWEEP_HELPER_FILE"
+
+
+# where a local sweep's driver answers its workers' tracking calls: beside the announcement
+DRIVER_SOCKET = "tracking.sock"
+
+
+def driver_socket(tracking_uri: str) -> str | None:
+    """The socket of this worker's local sweep driver, which answers the calls for
+    ``tracking_uri`` itself (`driver_tracking`), while the sweep's trials run; else None."""
+    path = os.environ.get(PRESTART_FILE)
+    if not path:
+        return None
+    try:
+        if Path(path).read_text().strip() != tracking_uri:
+            return None
+    except OSError:
+        return None
+    sock = Path(path).parent / DRIVER_SOCKET
+    return str(sock) if sock.exists() else None
 
 
 @contextmanager
@@ -194,8 +239,14 @@ def serve(receive: Any, send: Any, tracking_uri: str) -> None:
     """The helper's loop: MLflow imported and ``tracking_uri``'s store opened first, then
     one call at a time until the pipe closes."""
     store.tolerate_outages()
+    answer_calls(receive, send, {tracking_uri: _warm_client(tracking_uri)})
+
+
+def answer_calls(receive: Any, send: Any, clients: dict[str, Any]) -> None:
+    """One call at a time from ``receive``, answered on ``send``, with the client of the
+    call's URI (opened on first use where ``clients`` has none), until the caller closes its
+    end: the helper's loop, and a local sweep's driver's for each worker (`driver_tracking`)."""
     calls = _calls()
-    clients: dict[str, Any] = {tracking_uri: _warm_client(tracking_uri)}
     while True:
         try:
             line = receive.readline()

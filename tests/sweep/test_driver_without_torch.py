@@ -1,7 +1,8 @@
 """A sweep's driver never loads torch: it checks every trial's run config, groups packs and
 follows the trials, but only the workers train. Importing torch costs about 1.3 s of a
 sweep's fixed cost on a 2-core machine (README, "Sweep overhead"). Nor do its trial workers
-load Optuna, which only the driver's searcher uses (0.2 s of every worker's start)."""
+load Optuna, which only the driver's searcher uses (0.2 s of every worker's start), and
+with the embedded store no process but the driver loads MLflow (`driver_tracking`)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 
 # Every process started with this directory on PYTHONPATH (the driver, Ray's processes and
-# its workers) records its pid when it first imports torch, and when it first imports optuna.
+# its workers) records its pid when it first imports torch, optuna and mlflow.
 WATCH = '''
 import os, sys
 from pathlib import Path
 
 class _TorchWatch:
     def find_spec(self, name, path=None, target=None):
-        if name in ("torch", "optuna"):
+        if name in ("torch", "optuna", "mlflow"):
             Path(os.environ["TORCH_WATCH_DIR"], f"{name}-{os.getpid()}").touch()
         return None
 
@@ -100,3 +101,6 @@ def test_a_sweep_trains_in_its_workers_and_its_driver_loads_no_torch(tmp_path: P
     with_optuna = {int(p.name.split("-")[1]) for p in hook.glob("optuna-*")}
     assert driver.pid in with_optuna, "the driver's searcher is Optuna's: the watch did not see it"
     assert not loaded & with_optuna, "a trial worker imported Optuna"
+    # the embedded SQLite store: the driver answers its workers' tracking calls, so only it
+    # imports MLflow (no helper process; `driver_tracking`)
+    assert {int(p.name.split("-")[1]) for p in hook.glob("mlflow-*")} == {driver.pid}

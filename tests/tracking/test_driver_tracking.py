@@ -1,0 +1,127 @@
+"""A local sweep's driver answers its trial workers' tracking calls itself
+(`service.tracking.driver_tracking`): a worker of that sweep records its trial through the
+driver's socket, with no helper process and no MLflow of its own; a call made before the
+driver has its client waits for it; once the driver stops answering, the worker's next
+call fails as a transient error and the one after starts a helper; an MLflow server's
+workers, and a sweep on a cluster joined by address, keep their helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from service.tracking import driver_tracking, helper, runs, store
+from service.tracking.helper import HelperClient, TrackingCallError
+
+REPO = Path(__file__).resolve().parents[2]
+
+WORKER = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    import psutil
+    from service.tracking import helper, runs
+
+    uri, experiment_id, parent, plots = sys.argv[1:5]
+    client = helper.shared(uri)
+    trial = runs.TrialRun.open(uri, experiment_id, parent, "k1", "lr=0.1", {"lr": 0.1}, client=client)
+    for step in (100, 200):
+        trial.log_metrics({"objective": step / 1000}, step)
+    trial.log_artifact_dir(Path(plots), "plots")
+    trial.close("completed")
+    print(json.dumps({"run": trial.run_id, "children": [p.pid for p in psutil.Process().children()],
+                      "mlflow_imported": any(m == "mlflow" or m.startswith("mlflow.") for m in sys.modules)}))
+    """)
+
+
+@pytest.fixture(scope="module")
+def tracking(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("mlflow")
+    uri = store.default_tracking_uri(directory)
+    client = store.client(uri)
+    experiment_id = store.ensure_experiment(client, "served", uri)
+    parent = runs.start_sweep_run(client, experiment_id, "served", space_file=None, spec_json="{}",
+                                  spec_hash="abc", storage_path="/tmp/x", params={"trials": 1})
+    return uri, client, experiment_id, parent
+
+
+def test_a_trial_is_recorded_through_the_driver_without_a_helper(tracking, tmp_path):
+    uri, client, experiment_id, parent = tracking
+    plots = tmp_path / "plots"
+    plots.mkdir()
+    (plots / "curves.png").write_bytes(b"\x89PNG not really")
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    with helper.announced(uri) as announcement, \
+            driver_tracking.served(announcement, uri, local=True) as served:
+        assert served is not None
+        served.use(client)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "NALU_SWEEP_SPOOL_DIR": str(tmp_path / "spool"),
+               helper.PRESTART_FILE: str(announcement)}  # what a worker of the sweep's own Ray inherits
+        done = subprocess.run([sys.executable, str(script), uri, experiment_id, parent, str(plots)],
+                              capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["children"] == [] and out["mlflow_imported"] is False  # no helper process, no MLflow
+    run = client.get_run(out["run"])
+    assert run.info.run_name == "lr=0.1" and run.info.status == "FINISHED"
+    assert run.data.tags[store.TAG_PARENT] == parent and run.data.tags[store.TAG_OUTCOME] == "completed"
+    assert [(m.step, m.value) for m in client.get_metric_history(out["run"], "objective")] == [(100, 0.1), (200, 0.2)]
+    assert [a.path for a in client.list_artifacts(out["run"], "plots")] == ["plots/curves.png"]
+    assert not any((tmp_path / "spool").glob("*/journal.jsonl"))
+
+
+def test_calls_wait_for_the_drivers_client_and_fall_back_to_a_helper_once_it_stops(tracking, monkeypatch):
+    uri, client, experiment_id, parent = tracking
+    with helper.announced(uri) as announcement, \
+            driver_tracking.served(announcement, uri, local=True) as served:
+        monkeypatch.setenv(helper.PRESTART_FILE, str(announcement))
+        worker = HelperClient(uri)
+        try:
+            assert worker._connection is not None and worker._proc is None
+            threading.Timer(1.0, served.use, args=(client,)).start()
+            started = time.monotonic()
+            run_id, _, _ = worker.find_or_create_run(experiment_id, parent, "k-wait", "waited", {})
+            assert time.monotonic() - started >= 0.9  # answered once the driver had its client
+            assert client.get_run(run_id).info.run_name == "waited"
+        finally:
+            served.close()
+        with pytest.raises(TrackingCallError) as ended:
+            worker.find_or_create_run(experiment_id, parent, "k-wait", "waited", {})
+        assert ended.value.transient is True
+    try:
+        assert worker.find_or_create_run(experiment_id, parent, "k-wait", "waited", {})[0] == run_id
+        assert worker._connection is None and worker._proc is not None  # a helper of its own now
+    finally:
+        worker._stop()
+
+
+def test_a_server_or_a_joined_cluster_keeps_the_workers_helpers(tmp_path):
+    with helper.announced("http://127.0.0.1:5000") as announcement, \
+            driver_tracking.served(announcement, "http://127.0.0.1:5000", local=True) as served:
+        assert served is None
+        assert not (announcement.parent / helper.DRIVER_SOCKET).exists()
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with helper.announced(uri) as announcement, driver_tracking.served(announcement, uri, local=False) as served:
+        assert served is None
+    with helper.announced(uri) as announcement, driver_tracking.served(announcement, uri, local=True) as served:
+        socket_path = announcement.parent / helper.DRIVER_SOCKET
+        assert served is not None and socket_path.exists()
+        assert socket_path.parent.stat().st_mode & 0o077 == 0  # only its owner can connect
+    assert not socket_path.exists()
+
+
+def test_a_worker_of_another_store_or_after_the_trials_starts_its_helper(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with helper.announced(uri) as announcement, driver_tracking.served(announcement, uri, local=True):
+        monkeypatch.setenv(helper.PRESTART_FILE, str(announcement))
+        assert helper.driver_socket(uri) == str(announcement.parent / helper.DRIVER_SOCKET)
+        assert helper.driver_socket(f"sqlite:///{tmp_path}/other.db") is None
+    assert helper.driver_socket(uri) is None
