@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from service.tracking import driver_tracking, helper, runs, store
+from service.tracking import driver_tracking, helper, store
 from service.tracking.helper import HelperClient, TrackingCallError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,17 +39,6 @@ WORKER = textwrap.dedent("""
     print(json.dumps({"run": trial.run_id, "children": [p.pid for p in psutil.Process().children()],
                       "mlflow_imported": any(m == "mlflow" or m.startswith("mlflow.") for m in sys.modules)}))
     """)
-
-
-@pytest.fixture(scope="module")
-def tracking(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("mlflow")
-    uri = store.default_tracking_uri(directory)
-    client = store.client(uri)
-    experiment_id = store.ensure_experiment(client, "served", uri)
-    parent = runs.start_sweep_run(client, experiment_id, "served", space_file=None, spec_json="{}",
-                                  spec_hash="abc", storage_path="/tmp/x", params={"trials": 1})
-    return uri, client, experiment_id, parent
 
 
 def test_a_trial_is_recorded_through_the_driver_without_a_helper(tracking, tmp_path):

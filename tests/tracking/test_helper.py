@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from service.tracking import runs, store
+from service.tracking import store
 from service.tracking.helper import HelperClient, TrackingCallError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,17 +39,6 @@ WORKER = textwrap.dedent("""
     print(json.dumps({"run": trial.run_id, "again": again.run_id, "resumed": again.resumed_from_step,
                       "mlflow_imported": any(m == "mlflow" or m.startswith("mlflow.") for m in sys.modules)}))
     """)
-
-
-@pytest.fixture(scope="module")
-def tracking(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("mlflow")
-    uri = store.default_tracking_uri(directory)
-    client = store.client(uri)
-    experiment_id = store.ensure_experiment(client, "helped", uri)
-    parent = runs.start_sweep_run(client, experiment_id, "helped", space_file=None, spec_json="{}",
-                                  spec_hash="abc", storage_path="/tmp/x", params={"trials": 1})
-    return uri, client, experiment_id, parent
 
 
 def test_a_trial_is_recorded_through_the_helper_and_its_process_never_imports_mlflow(tracking, tmp_path):
