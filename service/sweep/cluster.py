@@ -16,7 +16,7 @@ from service.endpoints import check_ray_address
 from service.errors import UserError
 from service.search.space import SearchSpace
 from service.sweep import worker_start
-from service.sweep.ray_head import lean_head
+from service.sweep.ray_head import PRESTART_SETTING, lean_head
 from service.tracking import helper, store
 
 
@@ -47,7 +47,7 @@ def gpu_ids() -> str:
 # however it was chosen: the setting is kept, the notice only shown with --verbose
 RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 # Ray's system setting (read from the environment by a raylet this process starts)
-RAY_PRESTART = "RAY_prestart_worker_first_driver"
+RAY_PRESTART = PRESTART_SETTING
 # Optuna's grid sampler calls `Study.stop` when the grid is used up; outside `optimize`
 # that raises, and Ray logs it as a warning although the trial was told (it is harmless)
 STUDY_STOP_NOISE = "`Study.stop` is supposed to be invoked inside an objective function"

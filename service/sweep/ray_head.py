@@ -119,9 +119,8 @@ def _rewritten_raylet(warm_workers: int) -> Iterator[None]:
     def start_ray_process(command, process_type, *args, **kwargs):
         if process_type == raylet:
             command, prestart = raylet_command(list(command), warm_workers, port_names)
-            env = dict(kwargs.get("env_updates") or {})
-            env[PRESTART_SETTING] = "1" if prestart else "0"
-            kwargs["env_updates"] = env
+            if prestart:  # otherwise the raylet reads what the environment says (`init_ray`: off)
+                kwargs["env_updates"] = {**(kwargs.get("env_updates") or {}), PRESTART_SETTING: "1"}
         return original(command, process_type, *args, **kwargs)
 
     services.start_ray_process = start_ray_process
