@@ -7,58 +7,25 @@ workers, and a sweep on a cluster joined by address, keep their helpers."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import textwrap
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from service.tracking import driver_tracking, helper, store
 from service.tracking.helper import HelperClient, TrackingCallError
 
-REPO = Path(__file__).resolve().parents[2]
 
-WORKER = textwrap.dedent("""
-    import json, sys
-    from pathlib import Path
-    import psutil
-    from service.tracking import helper, runs
-
-    uri, experiment_id, parent, plots = sys.argv[1:5]
-    client = helper.shared(uri)
-    trial = runs.TrialRun.open(uri, experiment_id, parent, "k1", "lr=0.1", {"lr": 0.1}, client=client)
-    for step in (100, 200):
-        trial.log_metrics({"objective": step / 1000}, step)
-    trial.log_artifact_dir(Path(plots), "plots")
-    trial.close("completed")
-    print(json.dumps({"run": trial.run_id, "children": [p.pid for p in psutil.Process().children()],
-                      "mlflow_imported": any(m == "mlflow" or m.startswith("mlflow.") for m in sys.modules)}))
-    """)
-
-
-def test_a_trial_is_recorded_through_the_driver_without_a_helper(tracking, tmp_path):
-    uri, client, experiment_id, parent = tracking
-    plots = tmp_path / "plots"
-    plots.mkdir()
-    (plots / "curves.png").write_bytes(b"\x89PNG not really")
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+def test_a_trial_is_recorded_through_the_driver_without_a_helper(tracking, record_trial, tmp_path):
+    uri, client, _, parent = tracking
     with helper.announced(uri) as announcement, \
             driver_tracking.served(announcement, uri, local=True) as served:
         assert served is not None
         served.use(client)
-        env = {**os.environ, "PYTHONPATH": str(REPO), "NALU_SWEEP_SPOOL_DIR": str(tmp_path / "spool"),
-               helper.PRESTART_FILE: str(announcement)}  # what a worker of the sweep's own Ray inherits
-        done = subprocess.run([sys.executable, str(script), uri, experiment_id, parent, str(plots)],
-                              capture_output=True, text=True, timeout=300, env=env, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+        # what a worker of the sweep's own Ray inherits
+        out = record_trial({helper.PRESTART_FILE: str(announcement)})
     assert out["children"] == [] and out["mlflow_imported"] is False  # no helper process, no MLflow
+    assert out["again"] == out["run"] and out["resumed"] == 200  # found again by its trial key
     run = client.get_run(out["run"])
     assert run.info.run_name == "lr=0.1" and run.info.status == "FINISHED"
     assert run.data.tags[store.TAG_PARENT] == parent and run.data.tags[store.TAG_OUTCOME] == "completed"

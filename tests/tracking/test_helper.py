@@ -20,39 +20,12 @@ from service.tracking.helper import HelperClient, TrackingCallError
 
 REPO = Path(__file__).resolve().parents[2]
 
-WORKER = textwrap.dedent("""
-    import json, sys
-    from pathlib import Path
-    from service.tracking import helper, runs
 
-    uri, experiment_id, parent, plots = sys.argv[1:5]
-    client = helper.shared(uri)
-    assert helper.shared(uri) is client  # one helper per worker and store
-    trial = runs.TrialRun.open(uri, experiment_id, parent, "k1", "lr=0.1", {"lr": 0.1},
-                               tags={"nalu_sweep.node": "here"}, client=client)
-    for step in (100, 200):
-        trial.log_metrics({"objective": step / 1000, "mse": float("nan")}, step)
-    trial.log_artifact_dir(Path(plots), "plots")
-    trial.close("completed")
-    again = runs.TrialRun.open(uri, experiment_id, parent, "k1", "lr=0.1", {"lr": 0.1}, client=client)
-    again.close("completed")
-    print(json.dumps({"run": trial.run_id, "again": again.run_id, "resumed": again.resumed_from_step,
-                      "mlflow_imported": any(m == "mlflow" or m.startswith("mlflow.") for m in sys.modules)}))
-    """)
-
-
-def test_a_trial_is_recorded_through_the_helper_and_its_process_never_imports_mlflow(tracking, tmp_path):
-    uri, client, experiment_id, parent = tracking
-    plots = tmp_path / "plots"
-    plots.mkdir()
-    (plots / "curves.png").write_bytes(b"\x89PNG not really")
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "NALU_SWEEP_SPOOL_DIR": str(tmp_path / "spool")}
-    done = subprocess.run([sys.executable, str(script), uri, experiment_id, parent, str(plots)], capture_output=True,
-                          text=True, timeout=300, env=env, check=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+def test_a_trial_is_recorded_through_the_helper_and_its_process_never_imports_mlflow(tracking, record_trial,
+                                                                                     tmp_path):
+    _, client, _, parent = tracking
+    out = record_trial()
+    assert len(out["children"]) == 1 and "service.tracking.helper" in out["children"][0]  # its helper
     assert out["mlflow_imported"] is False
     assert out["again"] == out["run"] and out["resumed"] == 200  # found again by its trial key
     run = client.get_run(out["run"])
