@@ -35,7 +35,12 @@ SCRIPT = textwrap.dedent("""
     procs = {kind: [info.process for info in infos] for kind, infos in node.all_processes.items()}
     monitor = procs.get(ray_constants.PROCESS_TYPE_MONITOR, [])
     raylet = psutil.Process(procs[ray_constants.PROCESS_TYPE_RAYLET][0].pid)
-    agents = {c.pid: " ".join(c.cmdline()) for c in raylet.children() if "agent" in " ".join(c.cmdline()).lower()}
+    def is_agent(cmd):  # not a worker, whose command line names the agents' ports
+        title = cmd.split()[0] if cmd.split() else ""
+        return ("agent_stub.py" in cmd or (title.startswith("ray::") and title.endswith("Agent"))
+                or any(s in cmd for s in ("dashboard/agent.py", "runtime_env/agent/main.py")))
+
+    agents = {c.pid: " ".join(c.cmdline()) for c in raylet.children() if is_agent(" ".join(c.cmdline()))}
     at_shutdown = []
     real_shutdown = ray.shutdown
 
