@@ -191,8 +191,11 @@ class TrialRun:
 
         self.client = client
         self.run_id = run_id
-        self.resumed_from_step = resumed_from_step
         self.outbox = Outbox(client, run_id, tracking_uri)
+        # an earlier attempt's points still on their way (its journal, replayed now, or its
+        # last write in flight) count as logged: the series keeps one point per step
+        steps = [s for s in (resumed_from_step, self.outbox.journalled_step) if s is not None]
+        self.resumed_from_step = max(steps, default=None)
         self.closed = False
 
     @classmethod

@@ -99,7 +99,8 @@ class Outbox:
 
     ``sent_points`` counts the metric points the server acknowledged, ``logged_points``
     those handed to the outbox by this process; both exclude replayed entries of an
-    earlier process (``replayed_points``)."""
+    earlier process (``replayed_points``). ``journalled_step`` is the highest metric step
+    an earlier process journalled (sent or not; None if none)."""
 
     def __init__(self, client: Any, run_id: str, tracking_uri: str = "", root: Path | None = None,
                  backoff_s: tuple[float, float] | None = None) -> None:
@@ -121,6 +122,7 @@ class Outbox:
         self._seq = 0
         self._busy = False
         self._stop = False
+        self.journalled_step: int | None = None
         self.replayed_points = self._load()
         self._file = self.journal.open("a", encoding="utf-8")
         self._thread = threading.Thread(target=self._send_loop, name=f"outbox-{run_id[:8]}", daemon=True)
@@ -143,6 +145,9 @@ class Outbox:
                     done = max(done, int(item["done"]))
                 elif "seq" in item:
                     entries[int(item["seq"])] = Entry(int(item["seq"]), item["op"], item["data"])
+                    if item["op"] == "metrics" and item["data"]:
+                        step = max(int(p[3]) for p in item["data"])
+                        self.journalled_step = max(step, self.journalled_step or step)
         self._seq = max([done, *entries])
         pending = [entries[s] for s in sorted(entries) if s > done]
         self._queue.extend(pending)

@@ -206,6 +206,35 @@ def test_trial_run_counts_the_points_it_logged(tracking, tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_retried_trial_skips_the_steps_its_dead_attempt_journalled(tracking, tmp_path, monkeypatch):
+    """The first attempt died with its step-1500 point journalled but not yet stored (or
+    still on its way through its helper); the retry resumes from the step-1000 checkpoint.
+    Its reopened run replays that point and does not log step 1500 again: one point per step."""
+    from mlflow.entities import Metric
+
+    uri, client, experiment_id = tracking
+    monkeypatch.setenv(spool.SPOOL_ENV, str(tmp_path))
+    parent = client.create_run(experiment_id).info.run_id
+    first = runs.TrialRun.open(uri, experiment_id, parent, "k2", "trial-k2", {"lr": 0.1})
+    assert first.close("failed") is None and first.resumed_from_step is None
+    now = int(time.time() * 1000)
+    points = [["objective", step / 1e4, now, step] for step in (0, 500, 1000, 1500)]
+    client.log_batch(first.run_id, metrics=[Metric(*p) for p in points[:3]])  # what arrived
+    (tmp_path / first.run_id).mkdir()
+    (tmp_path / first.run_id / spool.JOURNAL).write_text("\n".join(json.dumps(line) for line in (
+        {"seq": 1, "op": "metrics", "data": points[:3]}, {"done": 1},
+        {"seq": 2, "op": "metrics", "data": points[3:]})) + "\n")  # the point on its way
+
+    again = runs.TrialRun.open(uri, experiment_id, parent, "k2", "trial-k2", {"lr": 0.1})
+    assert again.run_id == first.run_id
+    assert again.resumed_from_step == 1500
+    for step in (1500, 2000):  # recomputed from the step-1000 checkpoint
+        again.log_metrics({"objective": step / 1e4}, step)
+    again.close("completed")
+    assert [m.step for m in sorted(client.get_metric_history(again.run_id, "objective"),
+                                   key=lambda m: m.step)] == [0, 500, 1000, 1500, 2000]
+
+
 def test_no_empty_spool_folder_is_left_behind(tracking, tmp_path):
     """A trial stopped while it closed its spool (a pruned one) can leave its run folder
     without files; the next run that closes cleans such folders, keeps real journals."""
