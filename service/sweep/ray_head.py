@@ -30,7 +30,12 @@ Two more changes to that head's raylet (`raylet_command`), on its command line:
 * it **prestarts** ``warm_workers`` Python workers when the driver connects (Ray's default
   would be one per CPU), which a sweep's trials take as their actors' workers: started
   during Tune's set-up, they have imported Ray (and what their setup hook imports) when
-  the first trial needs them. Without warm workers none is prestarted."""
+  the first trial needs them. Without warm workers none is prestarted.
+
+And it starts without three of Ray's fixed waits (`head_waits`): the driver polls for the
+node's registration every 20 ms rather than every second, the raylet retries its
+object-store connection every 100 ms rather than every second, and the dashboard's
+dependencies are looked for rather than imported."""
 
 from __future__ import annotations
 
@@ -41,7 +46,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from service.sweep import agent_stub
+from service.sweep import agent_stub, head_waits
 
 # ``full``: start every process of Ray's usual head (the escape hatch, should a Ray
 # release make the lean head misbehave)
@@ -119,8 +124,10 @@ def _rewritten_raylet(warm_workers: int) -> Iterator[None]:
     def start_ray_process(command, process_type, *args, **kwargs):
         if process_type == raylet:
             command, prestart = raylet_command(list(command), warm_workers, port_names)
+            env = head_waits.raylet_env()
             if prestart:  # otherwise the raylet reads what the environment says (`init_ray`: off)
-                kwargs["env_updates"] = {**(kwargs.get("env_updates") or {}), PRESTART_SETTING: "1"}
+                env[PRESTART_SETTING] = "1"
+            kwargs["env_updates"] = {**(kwargs.get("env_updates") or {}), **env}
         return original(command, process_type, *args, **kwargs)
 
     services.start_ray_process = start_ray_process
@@ -148,7 +155,8 @@ def lean_head(verbose: bool, warm_workers: int = 0) -> Iterator[tuple[str, ...]]
     for n in names:
         setattr(Node, n, _skip_api_server if n == API_SERVER else _skip)
     try:
-        with _rewritten_raylet(warm_workers) if names else nullcontext():
+        with _rewritten_raylet(warm_workers) if names else nullcontext(), \
+                head_waits.without_fixed_waits() if names else nullcontext():
             yield names
     finally:
         for n, method in saved.items():

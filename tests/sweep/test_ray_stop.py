@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from service.sweep import head_waits
+
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
@@ -26,6 +28,7 @@ SCRIPT = textwrap.dedent("""
     import ray
     from ray._private import node as ray_node, ray_constants, worker
     from service.sweep.cluster import init_ray, stop_ray
+    from service.sweep.head_waits import ATTEMPTS_SETTING as ATTEMPTS, RETRY_MS_SETTING as RETRY_MS
 
     methods = {n: ray_node.Node.__dict__[n] for n in ("start_monitor", "start_api_server", "start_log_monitor")}
     assert init_ray(None, verbose=sys.argv[1] == "verbose")
@@ -41,6 +44,7 @@ SCRIPT = textwrap.dedent("""
                 or any(s in cmd for s in ("dashboard/agent.py", "runtime_env/agent/main.py")))
 
     agents = {c.pid: " ".join(c.cmdline()) for c in raylet.children() if is_agent(" ".join(c.cmdline()))}
+    raylet_env = {k: v for k, v in raylet.environ().items() if k in (RETRY_MS, ATTEMPTS)}
     at_shutdown = []
     real_shutdown = ray.shutdown
 
@@ -53,6 +57,7 @@ SCRIPT = textwrap.dedent("""
     gone, left = psutil.wait_procs([psutil.Process(pid) for pid in agents if psutil.pid_exists(pid)], timeout=10)
     print(json.dumps({
         "agents": sorted(agents.values()), "agents_left": [p.pid for p in left],
+        "raylet_env": raylet_env, "aiohttp": "aiohttp" in sys.modules,
         "kinds": sorted(procs), "restored": restored, "answer": answer,
         "initialized": ray.is_initialized(), "monitor": at_shutdown,
         "alive": {kind: [p.pid for p in ps if psutil.pid_exists(p.pid) and p.poll() is None]
@@ -92,6 +97,10 @@ def test_the_lean_head_leaves_out_the_monitor_api_server_and_log_monitor(tmp_pat
     # this project's Ray is a minimal install: its dashboard agent is the stub (and the task ran)
     assert sum("service/sweep/agent_stub.py" in a for a in state["agents"]) == 1, state["agents"]
     assert not any("DashboardAgent" in a for a in state["agents"]), state["agents"]
+    # without Ray's fixed waits (`head_waits`): the raylet retries its store connection every
+    # 100 ms, and the dashboard's dependencies were looked for, not imported
+    assert state["raylet_env"] == head_waits.raylet_env(), state["raylet_env"]
+    assert state["aiohttp"] is False
 
 
 def test_with_verbose_the_log_monitor_forwards_the_workers_output(tmp_path):
@@ -110,6 +119,7 @@ def test_the_full_head_is_stopped_whole_and_its_monitor_killed_first(tmp_path):
             ray_constants.PROCESS_TYPE_LOG_MONITOR} <= set(state["kinds"])
     assert state["monitor"] == [-9]  # SIGKILLed before ray.shutdown, not left to its SIGTERM and 1-s wait
     assert sum("DashboardAgent" in a for a in state["agents"]) == 1, state["agents"]  # Ray's own agent
+    assert state["raylet_env"] == {}  # and Ray's own waits
 
 
 def test_the_usual_head_where_asked_or_where_ray_is_not_the_expected_one(monkeypatch):
