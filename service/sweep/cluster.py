@@ -61,7 +61,8 @@ TUNE_LIGHTNING_ENV = "PL_DISABLE_FORK"
 def plain_trial_workers() -> None:
     """Drop Tune's Lightning setting from the runtime environment of its trial actors, so
     their workers start as plain Ray workers (what Tune still forwards from this process's
-    environment, e.g. AWS credentials, it forwards as before)."""
+    environment, e.g. AWS credentials, it forwards as before). Needed before Tune starts
+    its first trial: the sweep's driver calls it as it imports Tune (`driver._prepare`)."""
     try:
         from ray.tune.execution import class_cache
     except ImportError:  # another Tune layout: its trial actors keep their environment
@@ -119,7 +120,6 @@ def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | No
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
     check_ray_address(address)  # an explicit, unreachable --address is an error even if Ray is up
-    plain_trial_workers()
     if ray.is_initialized():
         return False
     package_root = str(Path(service.__file__).resolve().parent.parent)

@@ -30,17 +30,16 @@ from service.errors import UserError
 from service.scoring.objective import OBJECTIVE
 from service.search.sampler import DefineByRun
 from service.search.space import SearchSpace
-from service.sweep.cluster import check_resources, init_ray, quiet_libraries, stop_ray
-from service.sweep.display import (
-    LiveProgress,
-    SweepBoard,
-    register_board,
-    unregister_board,
+from service.sweep.cluster import (
+    check_resources,
+    init_ray,
+    plain_trial_workers,
+    quiet_libraries,
+    stop_ray,
 )
 from service.sweep.logged_params import task_params
 from service.sweep.outcome import record_end, tune_trials
 from service.sweep.rungs import release_board
-from service.sweep.searcher import check_study, make_sampler, optuna_storage
 from service.sweep.study_sync import TrialRecords
 from service.sweep.trainable import TrialSettings, make_trainable
 from service.tracking import driver_tracking, helper, runs, store
@@ -109,8 +108,13 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
+    from service.sweep.display import LiveProgress
     from service.sweep.pack_search import PackedOptunaSearch, rung_spec
-    from service.sweep.searcher import ResumableOptunaSearch
+    from service.sweep.searcher import (
+        ResumableOptunaSearch,
+        make_sampler,
+        optuna_storage,
+    )
 
     study: dict[str, Any] = {}
     if options.optuna_storage:
@@ -152,41 +156,33 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
 def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None = None) -> SweepSummary:
     """Run (or resume) the sweep and record it; returns counts and the best objective.
 
-    Everything that can be checked is checked before anything is written: the MLflow store
-    answers, a new sweep's name is free (or a resumed one exists, with the same spec), Ray
-    is reachable and has the resources one trial asks for. The MLflow store is opened on a
-    thread while Ray starts (imports and the schema check overlap Ray's start: about 1 s on
-    2 cores, issue 14); a sweep refused on what the store says then stops that Ray again.
+    Everything that can be checked is checked before anything is written: the Tune
+    experiment and the Optuna study are free (or a resumed sweep's exist), the MLflow store
+    answers, a new sweep's name is free there too (or a resumed one exists, with the same
+    spec), Ray is reachable and has the resources one trial asks for. The first checks, with
+    Ray Tune's import and the store's opening (`_prepare`: 3-4 s of CPU on 2 cores, issue
+    14), run on a thread while Ray starts rather than before it; a sweep refused by any of
+    them stops the Ray it started.
     """
     console = console or Console()
     quiet_libraries(options.verbose)
     exp_path = experiment_path(options.storage_path, options.name)
-
-    from ray import tune
-
-    restorable = tune.Tuner.can_restore(exp_path)
-    if options.resume and not restorable:
-        raise UserError(f"nothing to resume: no Tune experiment at {exp_path} "
-                        "(use the same --storage-path and --name as the original sweep)")
-    if not options.resume and restorable:
-        raise UserError(_exists(options, exp_path))
-    check_study(options)
     from concurrent.futures import ThreadPoolExecutor
 
     # the trial workers start their MLflow helpers and load the trial's code as they start
     # (`worker_start`), those of the first trials while Tune is set up here; for a database
     # store this process answers their tracking calls itself (`driver_tracking`)
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nalu-sweep-store") as pool, \
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nalu-sweep-prepare") as pool, \
             helper.announced(options.tracking_uri) as announcement, \
             driver_tracking.served(announcement, options.tracking_uri, local=not options.address) as tracking:
-        lookup = pool.submit(_open_store, options)
+        prepared = pool.submit(_prepare, options, exp_path)
         started_ray = False
         try:
             started_ray = init_ray(options.address, options.verbose,
                                    say=lambda line: console.print(line, highlight=False),
                                    helper_announcement=announcement,
                                    warm_workers=min(space.concurrency, space.trials))
-            client, parent = lookup.result()
+            client, parent = prepared.result()
             if tracking is not None:
                 tracking.use(client)
             _check_parent(space, options, parent, exp_path)
@@ -197,6 +193,27 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
         finally:
             if started_ray and not options.keep_ray:
                 stop_ray()
+
+
+def _prepare(options: SweepOptions, exp_path: str) -> tuple[Any, Any]:
+    """What `run_sweep` does while Ray starts, in this order on one thread (two threads
+    importing libraries that share dependencies could each see the other's modules half
+    loaded): Ray Tune imported and told to start trials as plain workers; a new sweep's Tune
+    experiment and Optuna study do not exist yet (a resumed one's does); then the MLflow
+    client and the sweep's parent run (`_open_store`)."""
+    from ray import tune
+
+    from service.sweep.searcher import check_study
+
+    plain_trial_workers()
+    restorable = tune.Tuner.can_restore(exp_path)
+    if options.resume and not restorable:
+        raise UserError(f"nothing to resume: no Tune experiment at {exp_path} "
+                        "(use the same --storage-path and --name as the original sweep)")
+    if not options.resume and restorable:
+        raise UserError(_exists(options, exp_path))
+    check_study(options)
+    return _open_store(options)
 
 
 def _open_store(options: SweepOptions) -> tuple[Any, Any]:
@@ -259,6 +276,8 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
         tracking_uri=options.tracking_uri, experiment_id=experiment_id, parent_run_id=parent_run_id,
         threads=max(1, int(space.resources.cpus)) if space.resources.gpus == 0 else 1,
     )
+    from service.sweep.display import SweepBoard, register_board, unregister_board
+
     board = SweepBoard(options.name, space.trials, space.steps * len(space.task_configs()), console,
                        concurrency=space.concurrency * space.pack)
     register_board(board)

@@ -149,13 +149,14 @@ TRIAL_ENV_SCRIPT = textwrap.dedent("""
     import json, os, sys
     import ray
     from ray import tune
-    from service.sweep.cluster import init_ray, stop_ray
+    from service.sweep.cluster import init_ray, plain_trial_workers, stop_ray
 
     def trial(config):
         tune.report({"env": json.dumps(dict(ray.get_runtime_context().runtime_env)),
                      "forwarded": os.environ.get("AWS_ACCESS_KEY_ID", "")})
 
     assert init_ray(None, verbose=False)
+    plain_trial_workers()  # as a sweep's driver does before its first trial
     try:
         grid = tune.Tuner(trial, run_config=tune.RunConfig(storage_path=sys.argv[1], verbose=0)).fit()
         print(json.dumps({"env": grid[0].metrics["env"], "forwarded": grid[0].metrics["forwarded"]}))

@@ -1,6 +1,7 @@
-"""How a sweep starts: the MLflow store opens while Ray starts, and a sweep refused on what
-the store says stops the local Ray it started. Ray is replaced here by stand-ins that
-record the order of things (the real start is every sweep test's)."""
+"""How a sweep starts: Ray Tune's checks and the MLflow store's opening run while Ray
+starts, and a sweep refused on what they say stops the local Ray it started. Ray is
+replaced here by stand-ins that record the order of things (the real start is every sweep
+test's)."""
 
 from __future__ import annotations
 
@@ -74,11 +75,17 @@ def test_a_sweep_refused_on_what_the_store_says_stops_the_ray_it_started(tmp_pat
     assert stopped == [True]
 
 
-def test_a_taken_tune_directory_is_refused_before_ray_starts(tmp_path, monkeypatch, space):
+def test_a_taken_tune_directory_is_refused_and_the_ray_started_meanwhile_stopped(tmp_path, monkeypatch, space):
+    """Tune's check needs Ray Tune imported (about 1.5 s): it runs while Ray starts, and a
+    refusal stops that Ray; the store is not opened for a refused sweep."""
     options = _options(tmp_path)
-    monkeypatch.setattr(driver, "init_ray", lambda *a, **k: pytest.fail("Ray was started for a refused sweep"))
+    stopped = []
+    monkeypatch.setattr(driver, "init_ray", lambda *a, **k: True)
+    monkeypatch.setattr(driver, "stop_ray", lambda: stopped.append(True))
+    monkeypatch.setattr(driver, "_open_store", lambda options: pytest.fail("the store opened for a refused sweep"))
     from ray import tune
 
     monkeypatch.setattr(tune.Tuner, "can_restore", staticmethod(lambda path: True))
     with pytest.raises(UserError, match="already exists"):
         driver.run_sweep(space, options)
+    assert stopped == [True]
