@@ -100,14 +100,43 @@ def write_seed_weights(result: RunResult, k: int, role: str, path: Path) -> Path
     return path
 
 
-def plot_curves(result: RunResult, path: Path, title: str = "") -> Path:
+SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def power_of_ten(value: float, _position: Any = None) -> str:
+    """A log axis's tick label as plain text ("10⁻³"; "2e-05" off the powers of ten):
+    matplotlib's own labels are mathtext, whose parser costs a worker about 0.4 s to
+    build for its first plot (issue 14)."""
+    if not math.isfinite(value) or value <= 0:
+        return ""
+    exponent = math.log10(value)
+    if abs(exponent - round(exponent)) < 1e-9:
+        return "10" + str(round(exponent)).translate(SUPERSCRIPT)
+    return f"{value:.0e}".replace("e-0", "e-").replace("e+0", "e")
+
+
+def log_axis(ax: Any, low: float, high: float) -> None:
+    """A log-scale y axis from ``low`` to ``high`` labelled in plain text (`power_of_ten`)
+    and without minor ticks (each a tick object made and measured at every drawing); under
+    two decades its ticks also sit at 2 and 5 times the powers, so it always has labels."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+
+    ax.set_yscale("log")
+    ax.set_ylim(low, high)
+    narrow = low > 0 and high / low < 100
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if narrow else (1.0,)))
+    ax.yaxis.set_major_formatter(FuncFormatter(power_of_ten))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
+def curves_figure(result: RunResult, title: str = "") -> Any:
     """Interpolation and extrapolation MSE per seed over training (log scale), with each
-    range's success threshold; successful seeds drawn in colour, failed ones in grey."""
+    range's success threshold; successful seeds drawn in colour, failed ones in grey: a
+    matplotlib figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     from matplotlib.collections import LineCollection
 
     h = result.history
@@ -141,11 +170,19 @@ def plot_curves(result: RunResult, path: Path, title: str = "") -> Path:
             ax.axhline(threshold, color="k", ls="--", lw=1, label="success threshold")
             ax.legend(loc="best", fontsize=8)
         if finite_vals.size:
-            ax.set_yscale("log")
+            log_axis(ax, *ax.get_ylim())
         ax.set_title(f"{name} MSE", y=1.0, pad=4)  # given: not placed by measuring the tick labels
         ax.set_xlabel("step")
     if title:
         fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def plot_curves(result: RunResult, path: Path, title: str = "") -> Path:
+    """`curves_figure` as a PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(result, title)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -8,7 +8,14 @@ import json
 import pytest
 
 from service.config import RunConfig
-from service.tracking.artifacts import best_and_failed, weights_figure, write_trial_artifacts
+from service.tracking.artifacts import (
+    best_and_failed,
+    curves_figure,
+    log_axis,
+    power_of_ten,
+    weights_figure,
+    write_trial_artifacts,
+)
 from service.training import train
 
 
@@ -72,5 +79,45 @@ def test_weight_heatmaps_show_small_matrices_values_and_integer_cell_indices(res
         for ax in panels.values():
             for ticks in (ax.get_xticks(), ax.get_yticks()):
                 assert len(ticks) and all(float(t).is_integer() for t in ticks)
+    finally:
+        plt.close(fig)
+
+
+def test_log_axis_labels_are_plain_text_powers_of_ten():
+    assert [power_of_ten(v) for v in (1e-3, 1.0, 100.0, 2e-5, 0.0, float("nan"))] == [
+        "10⁻³", "10⁰", "10²", "2e-5", "", ""]
+
+
+def test_the_curves_label_their_log_axes_without_mathtext_or_minor_ticks(result):
+    """matplotlib's own log labels are mathtext, whose parser a worker builds for its first
+    plot (about 0.4 s), and its minor ticks are objects made and measured at each drawing."""
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(result, title="tiny")
+    try:
+        fig.canvas.draw()
+        logs = [ax for ax in fig.axes if ax.get_yscale() == "log"]
+        assert logs
+        for ax in logs:
+            labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+            assert labels and all("$" not in t for t in labels), labels
+            assert any(t.startswith("10") for t in labels), labels
+            assert len(ax.yaxis.get_minorticklocs()) == 0
+    finally:
+        plt.close(fig)
+
+
+@pytest.mark.parametrize("low, high", [(1e-6, 1e3), (2e-3, 8e-3), (0.5, 3.0)])
+def test_a_log_axis_has_labels_over_any_range(low, high):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    try:
+        ax.plot([0, 1], [low, high])
+        log_axis(ax, low, high)
+        fig.canvas.draw()
+        shown = [t.get_text() for t, y in zip(ax.get_yticklabels(), ax.get_yticks())
+                 if t.get_text() and low <= y <= high]
+        assert len(shown) >= 2, shown
     finally:
         plt.close(fig)
