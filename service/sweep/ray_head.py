@@ -20,13 +20,18 @@ the duration of one `ray.init`. It is used only when this process starts the hea
 internals differ from what this expects (another Ray release), or where
 ``NALU_SWEEP_RAY_HEAD=full``, Ray's usual head starts instead.
 
-Two more changes to that head's raylet (`raylet_command`), on its command line:
+Three more changes to that head's raylet (`raylet_command`), on its command line:
 
 * the **dashboard agent** of a minimal Ray install (``--minimal``: no dashboard dependencies,
   so it loads no module) is replaced by `agent_stub`, which writes the agent's ports as
   "not in use" at once: the raylet registers its node only when the agent has written
   them, about 2 s after it started the agent on a 2-core machine, while the agent imported
   Ray. A full install's agent (metrics, logs) is left as it is;
+* the **runtime-env agent** starts behind `env_agent_relay`, which writes the agent's port
+  at once (the raylet starts no Python worker before it is written: about 1.3 s later with
+  Ray's agent, which imports Ray first) and starts Ray's agent only when the raylet first
+  asks it for a runtime environment, relaying to it; a sweep whose trials need none
+  never starts it;
 * it **prestarts** ``warm_workers`` Python workers when the driver connects (Ray's default
   would be one per CPU), which a sweep's trials take as their actors' workers: started
   during Tune's set-up, they have imported Ray (and what their setup hook imports) when
@@ -46,7 +51,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
-from service.sweep import agent_stub, head_waits
+from service.sweep import agent_stub, env_agent_relay, head_waits
 
 # ``full``: start every process of Ray's usual head (the escape hatch, should a Ray
 # release make the lean head misbehave)
@@ -55,6 +60,8 @@ MONITOR, API_SERVER, LOG_MONITOR = "start_monitor", "start_api_server", "start_l
 # the raylet's options this rewrites, and Ray's system setting that turns prestarting on
 AGENT_OPTION, PRESTART_OPTION = "--dashboard_agent_command=", "--num_prestart_python_workers="
 AGENT_SCRIPT = os.path.join("dashboard", "agent.py")
+ENV_AGENT_OPTION = "--runtime_env_agent_command="
+ENV_AGENT_SCRIPT = os.path.join("runtime_env", "agent", "main.py")
 PRESTART_SETTING = "RAY_prestart_worker_first_driver"
 
 
@@ -75,20 +82,25 @@ def _skip(node) -> None:
 
 
 def _agent_port_names() -> list[str] | None:
+    """The files the dashboard agent writes its ports to, then the one the runtime-env agent
+    writes its port to."""
     try:
         from ray import _raylet
     except ImportError:
         return None
-    names = [getattr(_raylet, n, None) for n in
-             ("METRICS_AGENT_PORT_NAME", "METRICS_EXPORT_PORT_NAME", "DASHBOARD_AGENT_LISTEN_PORT_NAME")]
+    names = [getattr(_raylet, n, None) for n in ("METRICS_AGENT_PORT_NAME", "METRICS_EXPORT_PORT_NAME",
+                                                 "DASHBOARD_AGENT_LISTEN_PORT_NAME", "RUNTIME_ENV_AGENT_PORT_NAME")]
     return names if all(isinstance(n, str) and n for n in names) else None
 
 
-def raylet_command(command: list[str], warm_workers: int, port_names: list[str] | None) -> tuple[list[str], bool]:
+def raylet_command(command: list[str], warm_workers: int, port_names: list[str] | None,
+                   env_agent_port_name: str | None = None) -> tuple[list[str], bool]:
     """The raylet's ``command`` with a minimal dashboard agent replaced by `agent_stub` (where
-    ``port_names``, the files Ray's agent writes, are known) and ``warm_workers`` workers to
-    prestart (no more than Ray's own count, one per CPU); returns it and whether
-    prestarting is to be turned on. An option not found as expected is left as it is."""
+    ``port_names``, the files Ray's agent writes, are known), the runtime-env agent started
+    behind `env_agent_relay` (where ``env_agent_port_name``, its file, is known) and
+    ``warm_workers`` workers to prestart (no more than Ray's own count, one per CPU); returns
+    it and whether prestarting is to be turned on. An option not found as expected is left
+    as it is."""
     out, prestart = [], False
     for arg in command:
         if arg.startswith(AGENT_OPTION) and port_names:
@@ -98,6 +110,14 @@ def raylet_command(command: list[str], warm_workers: int, port_names: list[str] 
                 agent[scripts[0]] = str(Path(agent_stub.__file__).resolve())
                 agent.append(agent_stub.PORT_NAMES_FLAG + ",".join(port_names))
                 arg = AGENT_OPTION + subprocess.list2cmdline(agent)
+        elif arg.startswith(ENV_AGENT_OPTION) and env_agent_port_name:
+            agent = shlex.split(arg[len(ENV_AGENT_OPTION):])
+            scripts = [i for i, a in enumerate(agent) if a.endswith(ENV_AGENT_SCRIPT)]
+            if len(scripts) == 1:
+                real = agent[scripts[0]]
+                agent[scripts[0]] = str(Path(env_agent_relay.__file__).resolve())
+                agent += [env_agent_relay.REAL_AGENT_FLAG + real, env_agent_relay.PORT_NAME_FLAG + env_agent_port_name]
+                arg = ENV_AGENT_OPTION + subprocess.list2cmdline(agent)
         elif arg.startswith(PRESTART_OPTION) and arg[len(PRESTART_OPTION):].isdigit():
             count = min(warm_workers, int(arg[len(PRESTART_OPTION):]))  # Ray's own: one per CPU
             if count > 0:
@@ -123,7 +143,8 @@ def _rewritten_raylet(warm_workers: int) -> Iterator[None]:
 
     def start_ray_process(command, process_type, *args, **kwargs):
         if process_type == raylet:
-            command, prestart = raylet_command(list(command), warm_workers, port_names)
+            command, prestart = raylet_command(list(command), warm_workers, port_names and port_names[:3],
+                                               port_names and port_names[3])
             env = head_waits.raylet_env()
             if prestart:  # otherwise the raylet reads what the environment says (`init_ray`: off)
                 env[PRESTART_SETTING] = "1"

@@ -1,6 +1,7 @@
 """The raylet of a sweep's lean local head (`ray_head.raylet_command`): a minimal install's
 dashboard agent replaced by `agent_stub`, which writes the agent's ports as "not in use" and
-lives as long as the raylet; the workers to prestart for the first trials. (The head
+lives as long as the raylet; the runtime-env agent behind `env_agent_relay`; the workers to
+prestart for the first trials. (The head
 started for real: `test_ray_stop.py`.)"""
 
 from __future__ import annotations
@@ -12,8 +13,15 @@ import sys
 import time
 from pathlib import Path
 
-from service.sweep import agent_stub
-from service.sweep.ray_head import AGENT_OPTION, PRESTART_OPTION, raylet_command
+import pytest
+
+from service.sweep import agent_stub, env_agent_relay
+from service.sweep.ray_head import (
+    AGENT_OPTION,
+    ENV_AGENT_OPTION,
+    PRESTART_OPTION,
+    raylet_command,
+)
 
 PORTS = ["metrics_agent_port", "metrics_export_port", "dashboard_agent_listen_port"]
 AGENT = ["/usr/bin/python3", "-u", "/site/ray/dashboard/agent.py", "--node-id=abc", "--session-dir=/tmp/s",
@@ -46,6 +54,23 @@ def test_a_full_agent_or_an_unknown_layout_is_left_as_it_is():
     assert raylet_command(minimal, 0, None)[0] == minimal  # port names unknown
     other = _raylet(["/usr/bin/python3", "/site/ray/agent_v2.py", "--minimal"])
     assert raylet_command(other, 0, PORTS)[0] == other
+
+
+ENV_AGENT = ["/usr/bin/python3", "-u", "/site/ray/_private/runtime_env/agent/main.py", "--node-id=abc",
+             "--runtime-env-agent-port=0", "--session-dir=/tmp/s"]
+
+
+def test_the_runtime_env_agent_starts_behind_the_relay_with_its_arguments():
+    raylet = [*_raylet([*AGENT, "--minimal"]), ENV_AGENT_OPTION + subprocess.list2cmdline(ENV_AGENT)]
+    command, _ = raylet_command(raylet, 0, PORTS, "runtime_env_agent_port")
+    (arg,) = [a for a in command if a.startswith(ENV_AGENT_OPTION)]
+    agent = shlex.split(arg[len(ENV_AGENT_OPTION):])
+    assert agent[:2] == ENV_AGENT[:2] and agent[2] == str(Path(env_agent_relay.__file__).resolve())
+    assert agent[3:] == [*ENV_AGENT[3:], env_agent_relay.REAL_AGENT_FLAG + ENV_AGENT[2],
+                         env_agent_relay.PORT_NAME_FLAG + "runtime_env_agent_port"]
+    assert raylet_command(raylet, 0, PORTS, None)[0][-1] == raylet[-1]  # its port file unknown: Ray's agent
+    other = [*raylet[:-1], ENV_AGENT_OPTION + "/usr/bin/python3 /site/ray/env_agent_v2.py"]
+    assert raylet_command(other, 0, PORTS, "runtime_env_agent_port")[0][-1] == other[-1]
 
 
 def test_warm_workers_are_prestarted_up_to_rays_own_count():
@@ -84,11 +109,12 @@ def test_the_stub_writes_the_ports_and_ends_with_its_raylet(tmp_path):
         parent.kill()
 
 
-def test_the_stub_imports_nothing_but_the_standard_library():
-    """It runs before Ray's node registers: importing Ray (or the project) would cost what it
-    saves."""
+@pytest.mark.parametrize("script", [agent_stub, env_agent_relay], ids=["agent_stub", "env_agent_relay"])
+def test_the_stand_ins_import_nothing_but_the_standard_library(script):
+    """They run before Ray's node registers: importing Ray (or the project) would cost what
+    they save."""
     code = (f"import sys; sys.argv = ['x']; import runpy; before = set(sys.modules)\n"
-            f"runpy.run_path({agent_stub.__file__!r}, run_name='not_main')\n"
+            f"runpy.run_path({script.__file__!r}, run_name='not_main')\n"
             "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('ray', 'service', 'psutil')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": ""})

@@ -40,10 +40,16 @@ SCRIPT = textwrap.dedent("""
     raylet = psutil.Process(procs[ray_constants.PROCESS_TYPE_RAYLET][0].pid)
     def is_agent(cmd):  # not a worker, whose command line names the agents' ports
         title = cmd.split()[0] if cmd.split() else ""
-        return ("agent_stub.py" in cmd or (title.startswith("ray::") and title.endswith("Agent"))
+        return (any(s in cmd for s in ("agent_stub.py", "env_agent_relay.py"))
+                or (title.startswith("ray::") and title.endswith("Agent"))
                 or any(s in cmd for s in ("dashboard/agent.py", "runtime_env/agent/main.py")))
 
     agents = {c.pid: " ".join(c.cmdline()) for c in raylet.children() if is_agent(" ".join(c.cmdline()))}
+    # Ray's runtime-env agent: the raylet's child, or the relay's once something needed it
+    env_agents = [c.pid for c in raylet.children(recursive=True)
+                  if " ".join(c.cmdline()).split()[:1] == ["ray::RuntimeEnvAgent"]
+                  or ("runtime_env/agent/main.py" in " ".join(c.cmdline())
+                      and "env_agent_relay.py" not in " ".join(c.cmdline()))]
     raylet_env = {k: v for k, v in raylet.environ().items() if k in (RETRY_MS, ATTEMPTS)}
     at_shutdown = []
     real_shutdown = ray.shutdown
@@ -56,7 +62,7 @@ SCRIPT = textwrap.dedent("""
     stop_ray()
     gone, left = psutil.wait_procs([psutil.Process(pid) for pid in agents if psutil.pid_exists(pid)], timeout=10)
     print(json.dumps({
-        "agents": sorted(agents.values()), "agents_left": [p.pid for p in left],
+        "agents": sorted(agents.values()), "agents_left": [p.pid for p in left], "env_agents": len(env_agents),
         "raylet_env": raylet_env, "aiohttp": "aiohttp" in sys.modules,
         "kinds": sorted(procs), "restored": restored, "answer": answer,
         "initialized": ray.is_initialized(), "monitor": at_shutdown,
@@ -97,6 +103,10 @@ def test_the_lean_head_leaves_out_the_monitor_api_server_and_log_monitor(tmp_pat
     # this project's Ray is a minimal install: its dashboard agent is the stub (and the task ran)
     assert sum("service/sweep/agent_stub.py" in a for a in state["agents"]) == 1, state["agents"]
     assert not any("DashboardAgent" in a for a in state["agents"]), state["agents"]
+    # its runtime-env agent starts behind the relay, and only when something needs it (the task
+    # has no runtime environment)
+    assert sum("service/sweep/env_agent_relay.py" in a for a in state["agents"]) == 1, state["agents"]
+    assert state["env_agents"] == 0
     # without Ray's fixed waits (`head_waits`): the raylet retries its store connection every
     # 100 ms, and the dashboard's dependencies were looked for, not imported
     assert state["raylet_env"] == head_waits.raylet_env(), state["raylet_env"]
@@ -118,7 +128,8 @@ def test_the_full_head_is_stopped_whole_and_its_monitor_killed_first(tmp_path):
     assert {ray_constants.PROCESS_TYPE_MONITOR, ray_constants.PROCESS_TYPE_DASHBOARD,
             ray_constants.PROCESS_TYPE_LOG_MONITOR} <= set(state["kinds"])
     assert state["monitor"] == [-9]  # SIGKILLed before ray.shutdown, not left to its SIGTERM and 1-s wait
-    assert sum("DashboardAgent" in a for a in state["agents"]) == 1, state["agents"]  # Ray's own agent
+    assert sum("DashboardAgent" in a for a in state["agents"]) == 1, state["agents"]  # Ray's own agents
+    assert not any("env_agent_relay.py" in a for a in state["agents"]) and state["env_agents"] == 1
     assert state["raylet_env"] == {}  # and Ray's own waits
 
 
@@ -159,7 +170,13 @@ TRIAL_ENV_SCRIPT = textwrap.dedent("""
     plain_trial_workers()  # as a sweep's driver does before its first trial
     try:
         grid = tune.Tuner(trial, run_config=tune.RunConfig(storage_path=sys.argv[1], verbose=0)).fit()
-        print(json.dumps({"env": grid[0].metrics["env"], "forwarded": grid[0].metrics["forwarded"]}))
+        import psutil
+        from ray._private import ray_constants, worker
+        raylet = psutil.Process(worker._global_node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
+        env_agents = [c for c in raylet.children(recursive=True)
+                      if " ".join(c.cmdline()).split()[:1] == ["ray::RuntimeEnvAgent"]]
+        print(json.dumps({"env": grid[0].metrics["env"], "forwarded": grid[0].metrics["forwarded"],
+                          "env_agents": len(env_agents)}))
     finally:
         stop_ray()
     """)
@@ -168,7 +185,8 @@ TRIAL_ENV_SCRIPT = textwrap.dedent("""
 @pytest.mark.parametrize("forwarded", ["", "a-key"])
 def test_tune_trials_start_as_plain_workers_and_forwarded_settings_still_arrive(tmp_path, forwarded):
     """Tune's PyTorch Lightning setting is dropped, so a trial's runtime environment is empty
-    (no `setup_worker.py`, no runtime-env agent) unless Tune has something to forward."""
+    (no `setup_worker.py`, no runtime-env agent) unless Tune has something to forward; then
+    the relay starts Ray's runtime-env agent, which builds it (`env_agent_relay`)."""
     script = tmp_path / "trial_env.py"
     script.write_text(TRIAL_ENV_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
@@ -183,3 +201,5 @@ def test_tune_trials_start_as_plain_workers_and_forwarded_settings_still_arrive(
     assert "PL_DISABLE_FORK" not in env_vars
     assert env_vars == ({"AWS_ACCESS_KEY_ID": forwarded} if forwarded else {})
     assert out["forwarded"] == forwarded
+    # Ray's runtime-env agent started, behind the relay, only for the trial that needed it
+    assert out["env_agents"] == (1 if forwarded else 0)
