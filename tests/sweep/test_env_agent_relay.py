@@ -5,6 +5,7 @@ does) takes the real one's place; Ray's own goes through it in `test_ray_stop.py
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -68,6 +69,7 @@ def _start(tmp_path: Path) -> tuple[subprocess.Popen, psutil.Process, Path]:
 
 def test_the_port_comes_at_once_and_the_agent_with_the_first_connection(tmp_path):
     parent, relay, marker = _start(tmp_path)
+    started = [relay]
     try:
         port_file = tmp_path / "session" / f"{PORT_NAME}_n1"
         port = _wait_for(lambda: env_agent_relay.read_port(str(port_file)))
@@ -88,15 +90,17 @@ def test_the_port_comes_at_once_and_the_agent_with_the_first_connection(tmp_path
         assert not any(a.startswith((env_agent_relay.REAL_AGENT_FLAG, env_agent_relay.PORT_NAME_FLAG))
                        for a in agent_args)
         (agent,) = relay.children()
+        started.append(agent)
         parent.kill()  # the raylet ends: its pipe closes
         parent.wait()
         relay.wait(timeout=15)
         agent.wait(timeout=15)  # psutil.TimeoutExpired if either outlived the raylet
         assert not list((tmp_path / "session").glob("nalu_sweep_env_agent_*"))
-    finally:
+    finally:  # only what this test started: this process's other children may be a session's Ray
         parent.kill()
-        for p in psutil.Process().children(recursive=True):
-            p.kill()
+        for p in started:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
 
 
 def test_a_connection_while_the_agent_cannot_start_is_closed(tmp_path):
