@@ -120,13 +120,17 @@ class Relay:
         except OSError:
             conn.close()
             return
-        threading.Thread(target=_pump, args=(upstream, conn), daemon=True).start()
+        answers = threading.Thread(target=_pump, args=(upstream, conn), daemon=True)
+        answers.start()
         _pump(conn, upstream)
+        answers.join()
+        conn.close()
+        upstream.close()
 
 
 def _pump(source: socket.socket, target: socket.socket) -> None:
-    """Copy until ``source`` ends, then end ``target``'s writing side (closing both when the
-    other direction has ended too)."""
+    """Copy until ``source`` ends, then end ``target``'s writing side, so that the other
+    end sees the end too (`Relay.serve` closes both once both directions have ended)."""
     try:
         while True:
             data = source.recv(65536)
