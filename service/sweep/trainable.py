@@ -21,7 +21,7 @@ from service.sweep.results import (
     member_key,
 )
 from service.sweep.rungs import find_board
-from service.tracking import helper, runs, store
+from service.tracking import helper, plot_server, runs, store
 from service.tracking.store import Outcome
 
 if TYPE_CHECKING:  # the training code loads in the worker, never in the sweep's driver
@@ -108,6 +108,7 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     context = tune.get_context()
     trial_id = context.get_trial_id()  # read first: stopping may interrupt anything later
     torch.set_num_threads(settings.threads)
+    plot_server.start()  # matplotlib loads in its own process while the trial trains
     space = SearchSpace.model_validate(settings.space)  # checked in full by the driver
     params = active_params(space, {k: v for k, v in config.items() if k in space.params})
     configs = config.get(RUN_CONFIGS) or _buildable_configs(space, params)
@@ -153,6 +154,7 @@ def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
 
     trial_id = tune.get_context().get_trial_id()
     torch.set_num_threads(settings.threads)
+    plot_server.start()
     space = SearchSpace.model_validate(settings.space)
     members = []
     for index, m in enumerate(config[PACK_MEMBERS]):

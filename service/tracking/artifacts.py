@@ -1,7 +1,9 @@
 """Files logged with each trial: a per-seed table, learned weights, curves and heatmaps.
 
 Written into a directory and uploaded to the trial's MLflow run in one call; nothing is
-left in the Ray trial's (temporary) working directory.
+left in the Ray trial's (temporary) working directory. The figures are drawn by `figures`
+from what `curves_plot` and `weights_plot` take out of the result, in the worker's warm
+plotting process where it has one (`plot_server`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from service.tracking import plot_server
+from service.tracking.figures import CurvesPlot, WeightsPlot
 from service.training.result import RunResult
 
 
@@ -100,148 +104,25 @@ def write_seed_weights(result: RunResult, k: int, role: str, path: Path) -> Path
     return path
 
 
-SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-
-
-def power_of_ten(value: float, _position: Any = None) -> str:
-    """A log axis's tick label as plain text ("10⁻³"; "2e-05" off the powers of ten):
-    matplotlib's own labels are mathtext, whose parser costs a worker about 0.4 s to
-    build for its first plot (issue 14)."""
-    if not math.isfinite(value) or value <= 0:
-        return ""
-    exponent = math.log10(value)
-    if abs(exponent - round(exponent)) < 1e-9:
-        return "10" + str(round(exponent)).translate(SUPERSCRIPT)
-    return f"{value:.0e}".replace("e-0", "e-").replace("e+0", "e")
-
-
-def log_axis(ax: Any, low: float, high: float) -> None:
-    """A log-scale y axis from ``low`` to ``high`` labelled in plain text (`power_of_ten`)
-    and without minor ticks (each a tick object made and measured at every drawing); under
-    two decades its ticks also sit at 2 and 5 times the powers, so it always has labels."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
-
-    ax.set_yscale("log")
-    ax.set_ylim(low, high)
-    narrow = low > 0 and high / low < 100
-    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if narrow else (1.0,)))
-    ax.yaxis.set_major_formatter(FuncFormatter(power_of_ten))
-    ax.yaxis.set_minor_locator(NullLocator())
-
-
-def curves_figure(result: RunResult, title: str = "") -> Any:
-    """Interpolation and extrapolation MSE per seed over training (log scale), with each
-    range's success threshold; successful seeds drawn in colour, failed ones in grey: a
-    matplotlib figure."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.collections import LineCollection
-
+def curves_plot(result: RunResult, title: str = "") -> CurvesPlot:
+    """What the curves figure shows of ``result``: every seed's interpolation and
+    extrapolation MSE over training, each range's threshold, which seeds succeeded."""
     h = result.history
-    panels = [("interpolation", h.interpolation_mse, None)] + [
-        (n, v, result.thresholds.get(n)) for n, v in h.extrapolation_mse.items()]
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.8), squeeze=False)
-    # one collection per group instead of a line per seed, and a fixed layout instead of
-    # tight_layout: this plot is drawn at the end of every trial (issue 14, sweep overhead)
-    fig.subplots_adjust(left=0.08 / len(panels) + 0.02, right=0.98, bottom=0.14, top=0.82, wspace=0.3)
-    steps = np.asarray(h.steps, dtype=np.float64)
-    success = np.array([seed.success for seed in result.seeds], dtype=bool)
-    colours = plt.rcParams["axes.prop_cycle"].by_key().get("color", ["C0"])
-    for ax, (name, values, threshold) in zip(axes[0], panels):
-        vals = np.where(np.isfinite(values) & (values > 0), values, np.nan)
-        lines = [np.column_stack([steps, vals[:, k]]) for k in range(vals.shape[1])]
-        failed = [line for line, ok in zip(lines, success) if not ok]
-        solved = [line for line, ok in zip(lines, success) if ok]
-        if failed:
-            ax.add_collection(LineCollection(failed, colors="0.6", linewidths=1, alpha=0.5))
-        if solved:
-            ax.add_collection(LineCollection(solved, colors=[colours[i % len(colours)] for i in range(len(solved))],
-                                             linewidths=1, alpha=0.8))
-        finite_vals = vals[np.isfinite(vals)]
-        if steps.size and finite_vals.size:
-            ax.set_xlim(steps.min(), max(steps.max(), steps.min() + 1))
-            low, high = finite_vals.min(), finite_vals.max()
-            if threshold and threshold > 0:  # the threshold line stays in view
-                low, high = min(low, threshold), max(high, threshold)
-            ax.set_ylim(low / 1.5, high * 1.5)
-        if threshold:
-            ax.axhline(threshold, color="k", ls="--", lw=1, label="success threshold")
-            ax.legend(loc="best", fontsize=8)
-        if finite_vals.size:
-            log_axis(ax, *ax.get_ylim())
-        ax.set_title(f"{name} MSE", y=1.0, pad=4)  # given: not placed by measuring the tick labels
-        ax.set_xlabel("step")
-    if title:
-        fig.suptitle(title, fontsize=10)
-    return fig
+    names = ["interpolation", *h.extrapolation_mse]
+    return CurvesPlot(
+        steps=np.asarray(h.steps, dtype=np.float64), names=tuple(names),
+        values=(np.asarray(h.interpolation_mse), *(np.asarray(v) for v in h.extrapolation_mse.values())),
+        thresholds=(None, *(result.thresholds.get(n) for n in h.extrapolation_mse)),
+        success=np.array([seed.success for seed in result.seeds], dtype=bool), title=title)
 
 
-def plot_curves(result: RunResult, path: Path, title: str = "") -> Path:
-    """`curves_figure` as a PNG."""
-    import matplotlib.pyplot as plt
-
-    fig = curves_figure(result, title)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
-
-
-# the cells of a matrix this small get their values written in them
-ANNOTATED_CELLS, ANNOTATED_COLUMNS = 48, 12
-
-
-def weights_figure(result: RunResult, seeds: dict[str, int]) -> Any:
-    """Heatmaps of every learned weight matrix, one row per chosen seed (colour −1 … 1, the
-    values written in the cells of a small matrix, integer cell indices): a matplotlib figure."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
+def weights_plot(result: RunResult, seeds: dict[str, int]) -> WeightsPlot:
+    """What the heatmaps show: every learned weight matrix of the seeds at the batch
+    positions ``seeds`` (``{role: position}``), one row each."""
     names = list(result.weights)
-    rows = list(seeds.items())
-    n_rows, n_cols = max(1, len(rows)), max(1, len(names))
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(3.4 * n_cols + 0.9, 2.6 * n_rows), squeeze=False)
-    # a fixed layout, with room for each panel's title and labels (tight_layout would
-    # measure every label, at the end of every trial); the colour bar in its own axes
-    fig.subplots_adjust(left=0.05 + 0.05 / n_cols, right=0.86, bottom=0.06 + 0.1 / n_rows,
-                        top=1 - 0.1 / n_rows, wspace=0.35, hspace=0.5)
-    image = None
-    for i, (role, k) in enumerate(rows):
-        for j, name in enumerate(names):
-            ax = axes[i][j]
-            w = np.asarray(result.weights[name][k], dtype=np.float64)
-            image = ax.imshow(np.nan_to_num(w, nan=0.0), cmap="RdBu_r", vmin=-1, vmax=1,
-                              aspect="auto", interpolation="nearest")
-            if w.ndim == 2 and w.size <= ANNOTATED_CELLS and w.shape[1] <= ANNOTATED_COLUMNS:
-                for (r, c), v in np.ndenumerate(w):
-                    ax.text(c, r, f"{v:.2f}" if math.isfinite(v) else "nan", ha="center", va="center",
-                            fontsize=7, color="white" if math.isfinite(v) and abs(v) > 0.6 else "black")
-            ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True, min_n_ticks=1))
-            ax.yaxis.set_major_locator(MaxNLocator(nbins=6, integer=True, min_n_ticks=1))
-            # a given title position: matplotlib would otherwise measure the tick labels to place it
-            ax.set_title(f"{role} (seed {result.seeds[k].seed}) · {name}", fontsize=8, y=1.0, pad=3)
-            ax.set_xlabel("in", fontsize=7)
-            ax.set_ylabel("out", fontsize=7)
-            ax.tick_params(labelsize=6)
-    if image is not None:
-        fig.colorbar(image, cax=fig.add_axes((0.89, 0.15, 0.02, 0.7)))
-    return fig
-
-
-def plot_weights(result: RunResult, seeds: dict[str, int], path: Path) -> Path:
-    """`weights_figure` as a PNG."""
-    import matplotlib.pyplot as plt
-
-    fig = weights_figure(result, seeds)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return WeightsPlot(
+        rows=tuple(f"{role} (seed {result.seeds[k].seed})" for role, k in seeds.items()), names=tuple(names),
+        matrices=tuple(tuple(np.asarray(result.weights[n][k]) for n in names) for k in seeds.values()))
 
 
 def write_trial_artifacts(result: RunResult, directory: Path, title: str = "") -> list[Path]:
@@ -256,7 +137,7 @@ def write_trial_artifacts(result: RunResult, directory: Path, title: str = "") -
     if failed is not None:
         files.append(write_seed_weights(result, failed, "failed", directory / "weights" / "failed_seed.json"))
         chosen["failed"] = failed
-    files.append(plot_curves(result, directory / "plots" / "curves.png", title))
-    if result.weights and chosen:
-        files.append(plot_weights(result, chosen, directory / "plots" / "weights.png"))
+    weights = weights_plot(result, chosen) if result.weights and chosen else None
+    files += plot_server.draw(curves_plot(result, title), weights, directory / "plots" / "curves.png",
+                              directory / "plots" / "weights.png" if weights is not None else None)
     return files

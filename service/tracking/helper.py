@@ -48,7 +48,7 @@ class TrackingCallError(RuntimeError):
         self.transient = transient
 
 
-def _same_code_env() -> dict[str, str]:
+def same_code_env() -> dict[str, str]:
     """This process's environment with the package root of the running ``service`` first on
     ``PYTHONPATH``: the helper runs this very code, whatever else is installed."""
     root = str(Path(__file__).resolve().parents[2])
@@ -75,7 +75,7 @@ class HelperClient:
         from_helper_r, from_helper_w = os.pipe()
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "service.tracking.helper", str(to_helper_r), str(from_helper_w), self.tracking_uri],
-            pass_fds=(to_helper_r, from_helper_w), stdin=subprocess.DEVNULL, close_fds=True, env=_same_code_env())
+            pass_fds=(to_helper_r, from_helper_w), stdin=subprocess.DEVNULL, close_fds=True, env=same_code_env())
         os.close(to_helper_r)
         os.close(from_helper_w)
         self._send = os.fdopen(to_helper_w, "wb")

@@ -8,14 +8,8 @@ import json
 import pytest
 
 from service.config import RunConfig
-from service.tracking.artifacts import (
-    best_and_failed,
-    curves_figure,
-    log_axis,
-    power_of_ten,
-    weights_figure,
-    write_trial_artifacts,
-)
+from service.tracking.artifacts import best_and_failed, curves_plot, weights_plot, write_trial_artifacts
+from service.tracking.figures import curves_figure, log_axis, power_of_ten, weights_figure
 from service.training import train
 
 
@@ -69,7 +63,7 @@ def test_weight_heatmaps_show_small_matrices_values_and_integer_cell_indices(res
     import numpy as np
 
     wide = dataclasses.replace(result, weights={**result.weights, "wide": np.zeros((len(result.seeds), 3, 40))})
-    fig = weights_figure(wide, {"best": 0})
+    fig = weights_figure(weights_plot(wide, {"best": 0}))
     try:
         panels = {ax.get_title().split(" · ")[-1]: ax for ax in fig.axes if " · " in ax.get_title()}
         for name, w in result.weights.items():
@@ -93,7 +87,7 @@ def test_the_curves_label_their_log_axes_without_mathtext_or_minor_ticks(result)
     plot (about 0.4 s), and its minor ticks are objects made and measured at each drawing."""
     import matplotlib.pyplot as plt
 
-    fig = curves_figure(result, title="tiny")
+    fig = curves_figure(curves_plot(result, title="tiny"))
     try:
         fig.canvas.draw()
         logs = [ax for ax in fig.axes if ax.get_yscale() == "log"]
