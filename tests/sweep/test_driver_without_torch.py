@@ -2,7 +2,9 @@
 follows the trials, but only the workers train. Importing torch costs about 1.3 s of a
 sweep's fixed cost on a 2-core machine (README, "Sweep overhead"). Nor do its trial workers
 load Optuna, which only the driver's searcher uses (0.2 s of every worker's start), and
-with the embedded store no process but the driver loads MLflow (`driver_tracking`)."""
+with the embedded store no process but the driver loads MLflow (`driver_tracking`). The
+workers' plots are drawn by their plotting processes (`plot_server`), and Ray Tune's
+trainables do not import IPython (`worker_start.ipython_only_where_loaded`)."""
 
 from __future__ import annotations
 
@@ -17,14 +19,15 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 
 # Every process started with this directory on PYTHONPATH (the driver, Ray's processes and
-# its workers) records its pid when it first imports torch, optuna and mlflow.
+# its workers) records its pid when it first imports torch, optuna, mlflow, matplotlib or
+# IPython (asked for, installed or not).
 WATCH = '''
 import os, sys
 from pathlib import Path
 
 class _TorchWatch:
     def find_spec(self, name, path=None, target=None):
-        if name in ("torch", "optuna", "mlflow"):
+        if name in ("torch", "optuna", "mlflow", "matplotlib", "IPython"):
             Path(os.environ["TORCH_WATCH_DIR"], f"{name}-{os.getpid()}").touch()
         return None
 
@@ -108,3 +111,9 @@ def test_a_sweep_trains_in_its_workers_and_its_driver_loads_no_torch(tmp_path: P
     # the embedded SQLite store: the driver answers its workers' tracking calls, so only it
     # imports MLflow (no helper process; `driver_tracking`)
     assert {int(p.name.split("-")[1]) for p in hook.glob("mlflow-*")} == {driver.pid}
+    # the trials' plots were drawn, by the worker's plotting process: matplotlib loaded in
+    # one process, neither the worker nor the driver; and no process asked for IPython
+    assert len(list(tmp_path.rglob("curves.png"))) == 2, sorted(map(str, tmp_path.rglob("*.png")))
+    with_matplotlib = {int(p.name.split("-")[1]) for p in hook.glob("matplotlib-*")}
+    assert len(with_matplotlib) == 1 and not with_matplotlib & (loaded | {driver.pid}), with_matplotlib
+    assert not list(hook.glob("IPython-*"))

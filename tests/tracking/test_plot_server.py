@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from service.tracking import plot_server
-from service.tracking.figures import CurvesPlot, WeightsPlot, draw_plots, load_plots, save_plots
+from service.tracking.figures import (
+    CurvesPlot,
+    WeightsPlot,
+    draw_plots,
+    load_plots,
+    save_plots,
+)
 from service.tracking.plot_server import PlotServer
 
 
