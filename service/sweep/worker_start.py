@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 
-from service.tracking import helper, plot_server
+from service.tracking import helper
 
 
 def prepare() -> None:
@@ -31,6 +31,8 @@ def prepare() -> None:
         from service.sweep import trial, trial_state  # noqa: F401 - torch and the training code
     except Exception:  # noqa: BLE001, S110 - only a head start
         pass
+    from service.tracking import plot_server  # here: the driver imports this module too
+
     plot_server.start()
 
 

@@ -4,9 +4,10 @@ A trial ends by drawing its two figures. In a worker's first trial that means im
 matplotlib and drawing a first figure (fonts, caches): about 1.2 s of a one-trial sweep's
 critical path, while the other core sat idle through the training before it. `start`
 launches ``python -m service.tracking.plot_server`` as the worker starts training: it
-imports matplotlib, draws a throw-away figure of each kind, and waits. `draw` then sends it
-the figures' contents (`figures.save_plots`: plain arrays, nothing unpickled) and the PNG
-paths, one JSON line each way over a pipe pair, and waits for its answer.
+imports matplotlib, draws a throw-away figure of each kind unless a job arrives first
+(`warm_up`), and waits. `draw` then sends it the figures' contents (`figures.save_plots`:
+plain arrays, nothing unpickled) and the PNG paths, one JSON line each way over a pipe
+pair, and waits for its answer.
 
 The figures are the same either way, drawn by the same `figures` code: where no server was
 started, where it died, failed or went silent (`ANSWER_TIMEOUT_S`), `draw` draws them in
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -128,25 +130,32 @@ def draw(curves: CurvesPlot, weights: WeightsPlot | None, curves_path: Path,
     return draw_plots(curves, weights, curves_path, weights_path)
 
 
-def _warm_up() -> None:
-    """Draw one small figure of each kind and throw it away: fonts, caches and the Agg
-    canvas are then loaded before the first real plot."""
+def warm_up(job_waiting: Callable[[], bool]) -> int:
+    """Draw a small figure of each kind and throw it away, so that fonts, caches and the
+    Agg canvas are loaded before the first real plot; stop as soon as a job waits (a
+    throw-away figure would only delay it). Returns how many figures it drew."""
     import io
 
     import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     import numpy as np
 
     from service.tracking.figures import curves_figure, weights_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    steps = np.arange(3, dtype=np.float64)
-    curves = CurvesPlot(steps=steps, names=("warm-up",), values=(np.ones((3, 2)),), thresholds=(0.5,),
-                        success=np.array([True, False]), title="warm-up")
+    curves = CurvesPlot(steps=np.arange(3, dtype=np.float64), names=("warm-up",), values=(np.ones((3, 2)),),
+                        thresholds=(0.5,), success=np.array([True, False]), title="warm-up")
     weights = WeightsPlot(rows=("warm-up",), names=("W",), matrices=((np.eye(2),),))
-    for fig in (curves_figure(curves), weights_figure(weights)):
+    drawn = 0
+    for draw in (lambda: curves_figure(curves), lambda: weights_figure(weights)):
+        if job_waiting():
+            break
+        fig = draw()
         fig.savefig(io.BytesIO(), format="png", dpi=90)
         plt.close(fig)
+        drawn += 1
+    return drawn
 
 
 def _serve(from_worker: IO[bytes], to_worker: IO[bytes]) -> None:
@@ -167,7 +176,7 @@ def _serve(from_worker: IO[bytes], to_worker: IO[bytes]) -> None:
 def main(argv: list[str]) -> None:
     from_worker, to_worker = os.fdopen(int(argv[0]), "rb"), os.fdopen(int(argv[1]), "wb")
     try:
-        _warm_up()
+        warm_up(lambda: bool(select.select([from_worker], [], [], 0)[0]))
     except Exception:  # noqa: BLE001, S110 - only a head start; a real job reports its own error
         pass
     _serve(from_worker, to_worker)

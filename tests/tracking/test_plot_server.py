@@ -68,6 +68,14 @@ def test_the_server_draws_the_pngs_this_process_draws(tmp_path):
         server.stop()
 
 
+def test_the_warm_up_stops_when_a_job_waits():
+    """A throw-away figure drawn while a real job waits would only delay it."""
+    assert plot_server.warm_up(lambda: False) == 2
+    assert plot_server.warm_up(lambda: True) == 0
+    answers = iter([False, True])
+    assert plot_server.warm_up(lambda: next(answers)) == 1
+
+
 def test_the_server_ends_when_the_worker_closes_its_pipe():
     server = PlotServer()
     server.send.close()
