@@ -6,9 +6,7 @@ Parameters are suggested in dependency order; a conditional parameter is only su
 
 from __future__ import annotations
 
-from typing import Any
-
-import optuna
+from typing import TYPE_CHECKING, Any
 
 from service.search.space import (
     CategoricalParam,
@@ -17,6 +15,9 @@ from service.search.space import (
     SearchSpace,
     UniformParam,
 )
+
+if TYPE_CHECKING:  # Optuna loads with the searcher, not before a sweep's Ray starts
+    import optuna
 
 
 def suggest_value(trial: optuna.Trial, name: str, param: Any) -> Any:
@@ -51,5 +52,4 @@ class DefineByRun:
 
     def __call__(self, trial: optuna.Trial) -> None:
         suggest_params(trial, self.space)
-        return None
 

@@ -177,6 +177,18 @@ def stop_ray() -> None:
     ray.shutdown()
 
 
+def quiet_optuna(verbose: bool) -> None:
+    """Optuna's own messages kept to warnings. Importing Optuna takes 0.1-0.2 s, so a
+    sweep's driver does it on the thread that runs while Ray starts (`driver._prepare`),
+    not before Ray starts; Optuna resets its level when it is first used, so this runs
+    after its import and before its first use."""
+    if verbose:
+        return
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
 def gpu_request_problem(gpus: float) -> str | None:
     """Why Ray would refuse ``gpus`` per trial, or None: a fraction finer than 0.0001 (Ray's
     resource unit), or more than one GPU that is not a whole number (1.5). Any fraction
@@ -212,17 +224,15 @@ def check_resources(space: SearchSpace) -> None:
 
 
 def quiet_libraries(verbose: bool) -> None:
-    """The live board is the sweep's output: keep library chatter to warnings."""
+    """The live board is the sweep's output: keep library chatter to warnings (Optuna's:
+    `quiet_optuna`, once it is loaded)."""
     import warnings
-
-    import optuna
 
     search_log = logging.getLogger("ray.tune.search.optuna.optuna_search")
     if _drop_study_stop not in search_log.filters:
         search_log.addFilter(_drop_study_stop)
     if verbose:
         return
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     # a resumed trial reports its first steps again; Optuna keeps the first values

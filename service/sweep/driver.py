@@ -35,6 +35,7 @@ from service.sweep.cluster import (
     init_ray,
     plain_trial_workers,
     quiet_libraries,
+    quiet_optuna,
     stop_ray,
 )
 from service.sweep.logged_params import task_params
@@ -205,6 +206,7 @@ def _prepare(options: SweepOptions, exp_path: str) -> tuple[Any, Any]:
 
     from service.sweep.searcher import check_study
 
+    quiet_optuna(options.verbose)
     plain_trial_workers()
     restorable = tune.Tuner.can_restore(exp_path)
     if options.resume and not restorable:

@@ -89,3 +89,26 @@ def test_a_taken_tune_directory_is_refused_and_the_ray_started_meanwhile_stopped
     with pytest.raises(UserError, match="already exists"):
         driver.run_sweep(space, options)
     assert stopped == [True]
+
+
+def test_optuna_loads_after_ray_starts_and_keeps_its_messages_to_warnings(tmp_path):
+    """Loading what a sweep needs before it starts Ray loads no Optuna (0.1-0.2 s that would
+    delay Ray's start); `quiet_optuna`, on the thread that runs while Ray starts, loads it
+    and keeps its messages to warnings, also after Optuna's first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, logging\n"
+        "import service.__main__, service.cli.sweep, service.sweep.driver\n"
+        "from service.sweep.cluster import quiet_libraries, quiet_optuna\n"
+        "quiet_libraries(False)\n"
+        "print('optuna' in sys.modules)\n"
+        "quiet_optuna(False)\n"
+        "import optuna\n"
+        "optuna.create_study()\n"
+        "print(logging.getLogger('optuna').level == logging.WARNING)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "True"], out.stdout + out.stderr
+    assert "A new study created" not in out.stderr
