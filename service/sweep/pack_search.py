@@ -169,10 +169,17 @@ class PackedOptunaSearch(ResumableOptunaSearch):
         if self._rungs is None:
             return
         import ray
+
+        ray.get(board(self._rungs).restore.remote(self.board_records()))
+
+    def board_records(self) -> list[tuple[int, int, float, bool]]:
+        """What a restore replays into the rung board: ``(member, iteration, value, kept)``
+        for the members of known packs, those whose result was read back from MLflow, and
+        those the study finished whose runs the restore closed."""
         from optuna.trial import TrialState
 
-        # the members of known packs, and those whose result was read back from MLflow
-        packed = {t.number for members in self._groups.values() for t in members} | set(self._synced)
+        packed = ({t.number for members in self._groups.values() for t in members}
+                  | set(self._synced) | set(getattr(self, "_settled", ())))
         records = []
         for trial in self._ot_study.get_trials(deepcopy=False):
             values = trial.intermediate_values
@@ -180,4 +187,4 @@ class PackedOptunaSearch(ResumableOptunaSearch):
                 continue
             stopped_at = max(values) if trial.state == TrialState.PRUNED else None
             records += [(trial.number, it, v, it != stopped_at) for it, v in sorted(values.items())]
-        ray.get(board(self._rungs).restore.remote(records))
+        return records

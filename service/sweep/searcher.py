@@ -13,7 +13,9 @@ that snapshot:
   The study already holds its result: `ResumableOptunaSearch` ignores the repeat;
 - a trial whose worker closed its MLflow run just before the kill is finished in MLflow
   but was never told to the study: its result is read back from its run
-  (`service.sweep.study_sync`) before the abandoned trials are marked FAIL.
+  (`service.sweep.study_sync`) before the abandoned trials are marked FAIL;
+- a trial the study finished whose worker had not closed its run yet (a pack's member
+  pruned at a rung) has its run closed as the study has it (`study_sync.settle_told_runs`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ray.tune.search.optuna import OptunaSearch
 from service.errors import UserError
 from service.formatting import redact
 from service.sweep.results import OPTUNA_TRIAL, RUN_CONFIGS
-from service.sweep.study_sync import TrialRecords, sync_study
+from service.sweep.study_sync import TrialRecords, settle_told_runs, sync_study
 
 if TYPE_CHECKING:
     from service.search.space import SearchSpace
@@ -60,7 +62,8 @@ class ResumableOptunaSearch(OptunaSearch):
     def __init__(self, *, records: TrialRecords | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._records = records
-        self._synced: list[int] = []
+        self._synced: list[int] = []  # results read back from MLflow on restore
+        self._settled: list[int] = []  # runs closed as the study had their trials on restore
 
     def suggest(self, trial_id: str) -> dict | None:
         from service.search.assign import active_params, run_configs
@@ -85,9 +88,11 @@ class ResumableOptunaSearch(OptunaSearch):
     def restore(self, checkpoint_path: str) -> None:
         super().restore(checkpoint_path)
         records, space = getattr(self, "_records", None), getattr(self._space, "space", None)
+        self._synced, self._settled = [], []
         if records is not None and space is not None:
             try:
                 self._synced = sync_study(self._ot_study, records, space)
+                self._settled = settle_told_runs(self._ot_study, records, space)
             except Exception as e:  # noqa: BLE001 - the store checked out a moment ago; the sweep goes on
                 logger.warning("could not read the trial runs back from MLflow (%s); a trial that finished "
                                "there just before the interruption is marked FAIL in the Optuna study", e)

@@ -9,14 +9,22 @@ results back from the runs (tagged with their Optuna trial number) and tells the
 the objective at every report, then COMPLETE with the final objective or PRUNED. Without
 this the study would mark the trial FAIL (or never know it) while MLflow keeps its result,
 and neither the sampler nor the rung board would learn from it.
+
+The other way round (`settle_told_runs`): a pack's member pruned at a rung is told to the
+study as soon as the driver gets the pack's report, while the member's worker closes its
+run beside the training. A driver killed in between leaves the trial PRUNED in the study
+and its run open; the resume closes it as interrupted, and a pack unknown to Tune's
+snapshot never reopens it. Such a run is closed as the study finished its trial (pruned,
+or completed, with the last objective the study holds), so that MLflow and the study
+still agree member by member.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from service.scoring.objective import OBJECTIVE
@@ -48,6 +56,12 @@ class FinishedRun:
     params: dict[str, str]  # as logged (strings)
     value: float | None  # the final objective (a completed trial)
     reports: dict[int, float]  # Tune's training_iteration -> the objective reported there
+
+
+def report_step(space: SearchSpace, report: int) -> int:
+    """The global training step of report ``report`` (the inverse of `report_number`)."""
+    task, index = divmod(report - 1, space.reports_per_task())
+    return task * space.steps + min((index + 1) * space.eval_every, space.steps)
 
 
 def report_number(space: SearchSpace, step: int) -> int | None:
@@ -166,3 +180,38 @@ def sync_study(study: Any, records: TrialRecords, space: SearchSpace) -> list[in
         logger.warning("Optuna trial(s) %s finished in MLflow before the interrupted driver could tell the study; "
                        "told it now from their runs", told)
     return told
+
+
+def settle_told_runs(study: Any, records: TrialRecords, space: SearchSpace) -> list[int]:
+    """Close as ``study`` finished their trials (PRUNED or COMPLETE) the trial runs left
+    open or closed as interrupted, logging the trial's last objective where the run lacks
+    it. Returns the Optuna trial numbers whose runs were closed."""
+    import optuna
+
+    States = optuna.trial.TrialState
+    trials = study.get_trials(deepcopy=False)
+    client = store.client(records.tracking_uri)
+    settled = []
+    for run in runs.trial_runs(client, records.experiment_id, records.parent_run_id):
+        tags = run.data.tags
+        number = tags.get(store.TAG_OPTUNA_TRIAL, "")
+        open_run = run.info.status in ("RUNNING", "SCHEDULED")
+        if not (open_run or tags.get(store.TAG_OUTCOME) == Outcome.INTERRUPTED) or not number.isdigit():
+            continue
+        if int(number) >= len(trials) or trials[int(number)].state not in (States.PRUNED, States.COMPLETE):
+            continue
+        trial = trials[int(number)]
+        reports = trial.intermediate_values
+        if trial.state == States.COMPLETE:
+            outcome, value, step = Outcome.COMPLETED, trial.value, space.steps * len(space.task_configs())
+        else:
+            outcome = Outcome.PRUNED
+            last = max(reports, default=None)
+            value, step = (None, 0) if last is None else (reports[last], report_step(space, last))
+        metrics = {OBJECTIVE: value} if value is not None else None
+        runs.settle_trial_run(client, run.info.run_id, outcome, metrics, step)
+        settled.append(trial.number)
+    if settled:
+        logger.warning("Optuna trial(s) %s finished in the study before the interrupted driver's workers could "
+                       "close their MLflow runs; closed them as the study has them", sorted(settled))
+    return sorted(settled)

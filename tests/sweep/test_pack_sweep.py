@@ -180,7 +180,9 @@ def test_a_packed_sweep_resumes_after_the_driver_is_killed(ray_address, tmp_path
     # sweep: its members' runs are closed as interrupted and their Optuna trials marked FAIL
     # (the searcher's restore), and the sweep asks Optuna for new ones in their place; a
     # member whose run closed (pruned) before the kill keeps it, and the restore tells its
-    # Optuna trial that result from the run (service.sweep.study_sync)
+    # Optuna trial that result from the run; a member the killed driver told Optuna was
+    # pruned, whose worker had not closed its run yet, keeps its run too, closed as pruned
+    # (both in service.sweep.study_sync)
     abandoned = [c for c in every if c.data.tags[store.TAG_OUTCOME] == "interrupted"]
     children = [c for c in every if c not in abandoned]
     keys = [c.data.tags[store.TAG_TRIAL_KEY] for c in children]

@@ -14,9 +14,15 @@ from service.scoring.objective import OBJECTIVE
 from service.search.loading import parse_space
 from service.search.sampler import DefineByRun
 from service.sweep import driver
-from service.sweep.results import OPTUNA_TRIAL, RUN_CONFIGS
+from service.sweep.pack_search import PackedOptunaSearch
+from service.sweep.results import OPTUNA_TRIAL, PACK_MEMBERS, PRUNED, RUN_CONFIGS, STATE
 from service.sweep.searcher import ResumableOptunaSearch
-from service.sweep.study_sync import TrialRecords, report_number, reported_values
+from service.sweep.study_sync import (
+    TrialRecords,
+    report_number,
+    report_step,
+    reported_values,
+)
 from service.tracking import runs, store
 from service.tracking.store import Outcome
 
@@ -47,6 +53,10 @@ def test_mlflow_steps_map_to_the_reports_tune_made():
     space = _space(tasks=2)
     assert space.reports_per_task() == 8
     assert [report_number(space, s) for s in (0, 50, 75, 400, 450, 800)] == [None, 1, 2, 8, 9, 16]
+    assert [report_step(space, r) for r in (1, 2, 8, 9, 16)] == [50, 100, 400, 450, 800]
+    odd = _space(steps=420)  # a last evaluation closer than eval_every: reported at the task's end
+    assert [report_step(odd, r) for r in (8, 9)] == [400, 420]
+    assert all(report_number(odd, report_step(odd, r)) == r for r in range(1, odd.total_reports() + 1))
     # at a task boundary the finished task's objective is logged, then the next task's
     # step-0 objective (a minimum that includes the untrained task): the first is reported
     history = [Point(0, 0.0), Point(50, 0.1), Point(400, 0.7), Point(400, 0.0), Point(450, 0.2), Point(450, 0.2)]
@@ -170,6 +180,83 @@ def test_what_mlflow_holds_is_what_the_study_was_told(ray_address, tmp_path):
         assert sorted(m.step for m in history).count(space.steps) == 2  # two points at the task boundary
         assert reported_values(space, history) == trial.intermediate_values
         assert trial.value == child.data.metrics[OBJECTIVE]
+
+
+def test_runs_the_study_finished_are_closed_as_it_has_them(tmp_path):
+    """After Tune's snapshot the dying driver asked 2, 3 and 4 and told the study that 2 was
+    pruned at its second report and 4 completed, but their workers had not closed the runs
+    (a pack's member is closed beside the training, after its report); the resume closed
+    them as interrupted. The restore closes them as the study has them, with the
+    objective the study holds where the run lacks it; 3, which the study never finished,
+    keeps its interrupted run and is marked FAIL."""
+    client, records = _records(tmp_path)
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    before = _searcher(records, url)
+    before.suggest("a"), before.suggest("b")
+    before.save(str(tmp_path / "searcher.pkl"))
+    c, d, e = before.suggest("c"), before.suggest("d"), before.suggest("e")
+    study = optuna.load_study(study_name="sync", storage=url)
+    for trial in study.trials[2:5]:
+        if trial.number != 3:
+            for report, value in ((1, 0.1), (2, 0.2)):
+                study._storage.set_trial_intermediate_value(trial._trial_id, report, value)
+    study.tell(2, state=States.PRUNED)
+    study.tell(4, 0.4)
+    run_c = _trial_run(client, records, c, Outcome.INTERRUPTED, PRUNED_AT[:2])  # the last point not sent
+    run_d = _trial_run(client, records, d, Outcome.INTERRUPTED, PRUNED_AT[:2])
+    run_e = _trial_run(client, records, e, Outcome.INTERRUPTED, PRUNED_AT)
+
+    after = _searcher(records, url)
+    after.restore(str(tmp_path / "searcher.pkl"))
+    study = optuna.load_study(study_name="sync", storage=url)
+    assert [t.state for t in study.trials[2:]] == [States.PRUNED, States.FAIL, States.COMPLETE]
+    pruned, failed, completed = (client.get_run(r) for r in (run_c, run_d, run_e))
+    assert (pruned.info.status, pruned.data.tags[store.TAG_OUTCOME]) == ("FINISHED", Outcome.PRUNED)
+    assert [(m.step, m.value) for m in client.get_metric_history(run_c, OBJECTIVE)] == [*PRUNED_AT[:2], (100, 0.2)]
+    assert (failed.info.status, failed.data.tags[store.TAG_OUTCOME]) == ("KILLED", Outcome.INTERRUPTED)
+    assert (completed.info.status, completed.data.tags[store.TAG_OUTCOME]) == ("FINISHED", Outcome.COMPLETED)
+    assert completed.data.metrics[OBJECTIVE] == study.trials[4].value == 0.4
+    assert max(m.step for m in client.get_metric_history(run_e, OBJECTIVE)) == STEPS
+
+
+def test_a_pack_member_pruned_before_the_kill_keeps_its_run_and_its_rung(tmp_path):
+    """The case a killed packed sweep met: a pack started after Tune's snapshot, its second
+    member pruned at a rung and told to the study, its run still open when the driver
+    died. The member keeps its run (closed as pruned) and its place on the rung board;
+    its partner, still training, is abandoned (FAIL) and its run stays interrupted."""
+    client, records = _records(tmp_path)
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    space = _space(pack=2, sampler={"type": "random", "seed": 3})
+
+    def packed():
+        searcher = PackedOptunaSearch(pack=2, planned=6, space=DefineByRun(space), metric=OBJECTIVE, mode="max",
+                                      sampler=optuna.samplers.RandomSampler(seed=3), records=records,
+                                      study_name="sync", storage=optuna.storages.RDBStorage(url))
+        searcher.set_search_properties(None, None, {})
+        return searcher
+
+    before = packed()
+    before.suggest("a")
+    before.save(str(tmp_path / "searcher.pkl"))
+    members = before.suggest("b")[PACK_MEMBERS]
+    for iteration, (first, second) in enumerate([(0.1, 0.15), (0.2, 0.05)], start=1):
+        before.on_trial_result("b", {OBJECTIVE: first, "training_iteration": iteration,
+                                     f"members/0/{OBJECTIVE}": first, f"members/0/{STATE}": "running",
+                                     f"members/1/{OBJECTIVE}": second,
+                                     f"members/1/{STATE}": PRUNED if iteration == 2 else "running"})
+    opened = [_trial_run(client, records, {OPTUNA_TRIAL: m["number"], **m["params"]}, Outcome.INTERRUPTED,
+                         PRUNED_AT[:2]) for m in members]
+
+    after = packed()
+    after.restore(str(tmp_path / "searcher.pkl"))
+    study = optuna.load_study(study_name="sync", storage=url)
+    assert [t.state for t in study.trials[2:]] == [States.FAIL, States.PRUNED]
+    partner, pruned = (client.get_run(r) for r in opened)
+    assert (partner.info.status, partner.data.tags[store.TAG_OUTCOME]) == ("KILLED", Outcome.INTERRUPTED)
+    assert (pruned.info.status, pruned.data.tags[store.TAG_OUTCOME]) == ("FINISHED", Outcome.PRUNED)
+    assert pruned.data.metrics[OBJECTIVE] == 0.05
+    assert after._settled == [3]
+    assert [r for r in after.board_records() if r[0] >= 2] == [(3, 1, 0.15, True), (3, 2, 0.05, False)]
 
 
 def test_a_store_that_cannot_be_read_leaves_the_old_behaviour(tmp_path, caplog):
