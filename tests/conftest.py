@@ -1,7 +1,10 @@
 """Shared test settings: one thread per test process keeps timings stable on 2 cores, and
 one Ray for the whole test session (started on first use by a slow test)."""
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,11 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
 torch.set_num_threads(1)
+# Trial journals (service.tracking.spool) that killed workers leave behind go to this
+# session's own folder, removed when it ends, not to the user's ~/.cache.
+if "NALU_SWEEP_SPOOL_DIR" not in os.environ:
+    os.environ["NALU_SWEEP_SPOOL_DIR"] = tempfile.mkdtemp(prefix="nalu-sweep-spool-")
+    atexit.register(shutil.rmtree, os.environ["NALU_SWEEP_SPOOL_DIR"], True)
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,9 @@
 - ``resume`` continues an interrupted sweep with ``Tuner.restore`` (the searcher's state is
   restored with it, and the Optuna study is made to agree with it and with MLflow:
   `service.sweep.searcher`, `service.sweep.study_sync`);
-  MLflow child runs left RUNNING by the crash are closed first, and a resumed trial reopens
-  its own run (see `service.tracking.runs.TrialRun`).
+  MLflow child runs left RUNNING by the crash are closed first (after the writes their
+  workers journalled on this machine but never sent are sent), and a resumed trial
+  reopens its own run (see `service.tracking.runs.TrialRun`).
 - Trials checkpoint to the Tune storage (`service.sweep.trial_state`); a retried or
   resumed trial continues from its latest checkpoint instead of starting over.
 - With ``pack: K > 1`` a Tune trial is a pack of up to K Optuna trials trained as one
@@ -257,7 +258,7 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
     describe_experiment(client, experiment_id, options.name)
     if options.resume:
         parent_run_id = parent.info.run_id
-        closed = runs.close_stale_trial_runs(client, experiment_id, parent_run_id)
+        closed = runs.close_stale_trial_runs(client, experiment_id, parent_run_id, options.tracking_uri)
         runs.reopen_sweep_run(client, parent_run_id)
         if closed:
             console.print(f"closed {len(closed)} trial run(s) left running by the interruption")

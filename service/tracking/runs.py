@@ -96,11 +96,18 @@ def reopen_sweep_run(client: Any, run_id: str) -> None:
     retry(lambda: client.set_tag(run_id, TAG_OUTCOME, Outcome.RUNNING))
 
 
-def close_stale_trial_runs(client: Any, experiment_id: str, parent_run_id: str) -> list[str]:
+def close_stale_trial_runs(client: Any, experiment_id: str, parent_run_id: str,
+                           tracking_uri: str | None = None) -> list[str]:
     """Mark child runs still RUNNING (their process died with the driver) as KILLED /
-    ``interrupted``; a resumed trial reopens its own run. Returns the run ids closed."""
+    ``interrupted``; a resumed trial reopens its own run. With ``tracking_uri``, the writes
+    this machine's spool still holds for such a run are sent first (`spool.replay_left_over`),
+    and a run they closed stays as they left it. Returns the run ids closed."""
+    from service.tracking.spool import replay_left_over
+
     closed = []
     for run in trial_runs(client, experiment_id, parent_run_id):
+        if run.info.status in ("RUNNING", "SCHEDULED") and tracking_uri and replay_left_over(run.info.run_id, tracking_uri):
+            run = retry(lambda run=run: client.get_run(run.info.run_id))
         if run.info.status in ("RUNNING", "SCHEDULED"):
             retry(lambda: client.set_tag(run.info.run_id, TAG_OUTCOME, Outcome.INTERRUPTED))
             retry(lambda: client.set_terminated(run.info.run_id, status="KILLED"))

@@ -336,6 +336,23 @@ def upload(directory: Path, tracking_uri: str | None = None, timeout_s: float | 
     return outbox.close(timeout_s)
 
 
+def replay_left_over(run_id: str, tracking_uri: str, timeout_s: float = 60.0) -> bool:
+    """Send what this machine's spool still holds for ``run_id``, a run whose process died
+    before its journal drained (a worker of a killed driver: a pruned member's last
+    metrics and its close, say). True when the run had a journal and all of it arrived.
+    A resume does this before it closes the runs left open, so that results already made
+    reach MLflow; a journal it cannot send is kept, with a message saying how to upload it."""
+    directory = spool_root() / run_id
+    if not (directory / JOURNAL).exists():
+        return False
+    try:
+        return upload(directory, tracking_uri, timeout_s)
+    except Exception as e:  # noqa: BLE001 - the resume goes on; the journal stays where it is
+        log.warning("run %s: could not send the writes left in %s (%s); upload them with '%s %s'",
+                    run_id, directory, _short(e), UPLOAD_HINT, directory)
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m service.tracking.spool upload [SPOOL_OR_RUN_DIR] [--tracking-uri URI]``."""
     import argparse

@@ -3,11 +3,13 @@ run on retry or resume, closing runs a crash left RUNNING, reconciling with Tune
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 import pytest
 
-from service.tracking import runs, store
+from service.tracking import runs, spool, store
 from service.tracking.store import TAG_ATTEMPTS, TAG_OUTCOME, TAG_PARENT, TAG_TRIAL_KEY
 
 
@@ -90,6 +92,37 @@ def test_runs_left_running_by_a_crash_are_closed(tracking):
     run = client.get_run(stuck.run_id)
     assert run.info.status == "KILLED" and run.data.tags[TAG_OUTCOME] == "interrupted"
     assert client.get_run(done.run_id).info.status == "FINISHED"
+
+
+def test_a_resume_first_sends_what_dead_workers_journalled(tracking, tmp_path, monkeypatch):
+    """The killed driver's workers died with writes journalled on this machine but not
+    sent: a pruned member's last point and its close, another trial's last point. The
+    resume sends them before it closes what is still open: the pruned run stays pruned,
+    with its point; the other is closed as interrupted, with its point; a run without a
+    journal is closed as before."""
+    from service.tracking.store import Outcome
+
+    uri, client, _ = tracking
+    monkeypatch.setenv(spool.SPOOL_ENV, str(tmp_path))
+    experiment_id, parent = _sweep(tracking, "journalled")
+    pruned, cut, bare = (runs.find_or_create_run(client, experiment_id, parent, key, f"trial-{key}", {})[0]
+                         for key in ("p", "c", "b"))
+    now = int(time.time() * 1000)
+    for run_id, close in ((pruned, True), (cut, False)):
+        (tmp_path / run_id).mkdir()
+        lines = [{"seq": 1, "op": "metrics", "data": [["objective", 0.1, now, 50]]}, {"done": 1},
+                 {"seq": 2, "op": "metrics", "data": [["objective", 0.2, now, 100]]}]
+        if close:
+            lines += [{"seq": 3, "op": "tags", "data": {TAG_OUTCOME: Outcome.PRUNED}},
+                      {"seq": 4, "op": "status", "data": "FINISHED"}]
+        (tmp_path / run_id / spool.JOURNAL).write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+    assert sorted(runs.close_stale_trial_runs(client, experiment_id, parent, uri)) == sorted([cut, bare])
+    states = {r: (client.get_run(r).info.status, client.get_run(r).data.tags[TAG_OUTCOME]) for r in (pruned, cut, bare)}
+    assert states == {pruned: ("FINISHED", "pruned"), cut: ("KILLED", "interrupted"), bare: ("KILLED", "interrupted")}
+    for run_id in (pruned, cut):  # the point that was on its way arrived; the one sent is not doubled
+        assert [(m.step, m.value) for m in client.get_metric_history(run_id, "objective")] == [(100, 0.2)]
+    assert list(tmp_path.iterdir()) == []  # the journals were sent in full
 
 
 def test_after_fit_mlflow_is_made_to_agree_with_tune(tracking):
