@@ -179,7 +179,7 @@ class PackedOptunaSearch(ResumableOptunaSearch):
         from optuna.trial import TrialState
 
         packed = ({t.number for members in self._groups.values() for t in members}
-                  | set(self._synced) | set(getattr(self, "_settled", ())))
+                  | set(self._synced) | set(self._settled))
         records = []
         for trial in self._ot_study.get_trials(deepcopy=False):
             values = trial.intermediate_values

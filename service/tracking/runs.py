@@ -105,10 +105,11 @@ def close_stale_trial_runs(client: Any, experiment_id: str, parent_run_id: str,
     from service.tracking.spool import replay_left_over
 
     closed = []
+    open_states = ("RUNNING", "SCHEDULED")
     for run in trial_runs(client, experiment_id, parent_run_id):
-        if run.info.status in ("RUNNING", "SCHEDULED") and tracking_uri and replay_left_over(run.info.run_id, tracking_uri):
+        if run.info.status in open_states and tracking_uri and replay_left_over(run.info.run_id, tracking_uri):
             run = retry(lambda run=run: client.get_run(run.info.run_id))
-        if run.info.status in ("RUNNING", "SCHEDULED"):
+        if run.info.status in open_states:
             retry(lambda: client.set_tag(run.info.run_id, TAG_OUTCOME, Outcome.INTERRUPTED))
             retry(lambda: client.set_terminated(run.info.run_id, status="KILLED"))
             closed.append(run.info.run_id)
