@@ -130,3 +130,29 @@ def find_board(name: str):
     import ray
 
     return ray.get_actor(_NAME_PREFIX + name)
+
+
+class SweepGone(RuntimeError):
+    """The sweep's board died under a pack. The driver owns the board, and Ray ends an actor
+    whose owner dies, so this happens when the driver was killed or the sweep has ended. It
+    says nothing about the pack's settings: their runs are interrupted, not failed."""
+
+
+def board_judge(name: str):
+    """A pack's judge for ``(iteration, {member: value})``: the members to stop, as the board
+    of sweep ``name`` decides. Raises `SweepGone` when the board is dead or not there."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    try:
+        rungs = find_board(name)
+    except ValueError as e:  # Ray's answer when no actor has that name
+        raise SweepGone(f"the rung board of sweep {name!r} is gone: {e}") from e
+
+    def judge(iteration: int, values: dict[int, float]) -> list[int]:
+        try:
+            return ray.get(rungs.judge.remote(iteration, values))
+        except RayActorError as e:
+            raise SweepGone(f"the rung board of sweep {name!r} is gone: {e}") from e
+
+    return judge

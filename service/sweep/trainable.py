@@ -20,7 +20,7 @@ from service.sweep.results import (
     RUNNING,
     member_key,
 )
-from service.sweep.rungs import find_board
+from service.sweep.rungs import SweepGone, board_judge
 from service.tracking import helper, plot_server, runs, store
 from service.tracking.store import Outcome
 
@@ -141,12 +141,12 @@ def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
     """A pack of trials (`service.sweep.pack`): each member's MLflow run opened (or reopened)
     and closed as its own trial's; a member ASHA stops is judged by the sweep's rung board
     (`service.sweep.rungs`) and closed as pruned inside `run_pack`; whatever ends the pack
-    closes the runs still open (failed on an exception, when Tune may retry the pack).
+    closes the runs still open: failed on an exception (Tune may retry the pack), interrupted
+    when the sweep's board died under it (`SweepGone`: its driver was killed).
 
     A retried or resumed pack continues from its latest `PackState`: members pruned before
     it stay closed, the others continue from their own trainer checkpoints."""
     helper.shared(settings.tracking_uri)  # MLflow loads in its own process while torch loads here
-    import ray
     import torch
     from ray import tune
 
@@ -181,18 +181,17 @@ def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
             raise problem
         for m in members:
             m.configs = m.configs or run_configs(space, m.params)
-        judge = None
-        if space.scheduler.type == "asha":
-            rungs = find_board(settings.sweep)
-
-            def judge(iteration: int, values: dict[int, float]) -> list[int]:
-                return ray.get(rungs.judge.remote(iteration, values))
-
+        judge = board_judge(settings.sweep) if space.scheduler.type == "asha" else None
         run_pack(members, space, tune.report, judge=judge, resume=resume, report_checkpoint=_report_checkpoint)
     except SystemExit:  # Tune stopped the pack (the sweep is ending): as for a lone trial
         for m in members:
             if m.tracker is not None:
                 m.tracker.close(Outcome.COMPLETED if m.state == DONE else Outcome.PRUNED)
+        raise
+    except SweepGone:  # the driver died (or the sweep ended) under the pack: not the settings' fault
+        for m in members:
+            if m.tracker is not None:
+                m.tracker.close(Outcome.INTERRUPTED)  # no-op for a run closed already
         raise
     except Exception as e:
         for m in members:

@@ -8,7 +8,15 @@ import pytest
 from ray.tune.schedulers.async_hyperband import _Bracket
 from ray.tune.schedulers.trial_scheduler import TrialScheduler
 
-from service.sweep.rungs import Rungs, cutoff
+from service.sweep.rungs import (
+    Rungs,
+    RungSpec,
+    SweepGone,
+    board,
+    board_judge,
+    cutoff,
+    release_board,
+)
 
 
 class _Trial:
@@ -74,3 +82,19 @@ def test_the_rule_is_tunes_async_hyperband(grace, max_t, rf, brackets):
         if not ours:
             stopped.add(member)
     assert 0 < len(stopped) < len(members)
+
+
+def test_a_pack_judged_by_a_dead_board_learns_that_the_sweep_is_gone(ray_address):
+    """The board is the driver's actor, and Ray ends an actor whose owner dies: a pack whose
+    board is gone learns that its sweep is gone (`SweepGone`, which closes its members'
+    runs as interrupted) rather than failing as if its settings had (a killed driver's
+    pack did, before a resume; tests/sweep/test_pack_sweep.py)."""
+    spec = RungSpec(name="gone-board", grace=1, max_t=4, reduction_factor=2)
+    board(spec)
+    judge = board_judge(spec.name)
+    assert judge(1, {0: 0.5, 1: 0.4}) == [1]  # a working board: member 1 stops at rung 1
+    release_board(spec.name)  # what Ray does to it when its owner dies
+    with pytest.raises(SweepGone, match="rung board of sweep 'gone-board' is gone"):
+        judge(2, {0: 0.5})
+    with pytest.raises(SweepGone, match="is gone"):  # a pack started after the board ended
+        board_judge(spec.name)
