@@ -133,9 +133,10 @@ def find_board(name: str):
 
 
 class SweepGone(RuntimeError):
-    """The sweep's board died under a pack. The driver owns the board, and Ray ends an actor
-    whose owner dies, so this happens when the driver was killed or the sweep has ended. It
-    says nothing about the pack's settings: their runs are interrupted, not failed."""
+    """The sweep's board is not there, or died under a pack. The driver owns the board, and
+    Ray ends an actor whose owner dies, so this happens when the driver was killed or the
+    sweep has ended. It says nothing about the pack's settings: their runs are interrupted,
+    not failed."""
 
 
 def board_judge(name: str):
