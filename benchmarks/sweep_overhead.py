@@ -18,7 +18,13 @@ The fixed cost is measured against nothing: a sweep of no trials would pay it. A
 `nalu-sweep run` pays its own process start and imports besides its training; the sweep's
 trials share one worker process, so they do not.
 
+`--baseline REV` measures an earlier revision of this repository the same way, alternating
+with the working tree in each repetition (its tree exported with `git archive`), so that a
+figure can be read against the code it is compared with on the same machine in the same
+hour: this machine's speed drifts by more than some changes.
+
 Usage: python benchmarks/sweep_overhead.py [--trials 2] [--seeds 32] [--steps 20000] [--repeat 1]
+                                           [--baseline REV]
 """
 
 from __future__ import annotations
@@ -81,9 +87,10 @@ def _tree_cpu(proc: subprocess.Popen) -> float:
     return sum(seen.values())
 
 
-def timed(cmd: list[str], cwd: Path) -> float:
-    """Wall seconds of ``cmd``; the CPU seconds of its process tree go to ``CPU``."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+def timed(cmd: list[str], cwd: Path, code: Path) -> float:
+    """Wall seconds of ``cmd`` running the package in ``code``; the CPU seconds of its process
+    tree go to ``CPU``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(code), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1"}
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -101,15 +108,15 @@ def timed(cmd: list[str], cwd: Path) -> float:
     return wall
 
 
-def sweep(root: Path, trials: int, args: argparse.Namespace) -> float:
+def sweep(root: Path, trials: int, args: argparse.Namespace, code: Path) -> float:
     where = root / f"sweep{trials}"
     where.mkdir()
     path = where / "space.yaml"
     path.write_text(yaml.safe_dump(space(trials, args.seeds, args.steps, args.eval_every)))
-    return timed([sys.executable, "-m", "service", "sweep", str(path)], where)
+    return timed([sys.executable, "-m", "service", "sweep", str(path)], where, code)
 
 
-def runs(root: Path, trials: int, args: argparse.Namespace) -> list[float]:
+def runs(root: Path, trials: int, args: argparse.Namespace, code: Path) -> list[float]:
     where = root / "runs"
     where.mkdir()
     walls = []
@@ -117,19 +124,19 @@ def runs(root: Path, trials: int, args: argparse.Namespace) -> list[float]:
         path = where / f"run{i}.yaml"
         path.write_text(yaml.safe_dump(run_config(lr, args.seeds, args.steps, args.eval_every)))
         walls.append(timed([sys.executable, "-m", "service", "run", str(path), "--quiet",
-                            "--output", str(where / f"result{i}.json")], where))
+                            "--output", str(where / f"result{i}.json")], where, code))
     return walls
 
 
-def measure(args: argparse.Namespace, n: int) -> dict[str, float]:
-    """One repetition: the N runs, the sweep of 1 trial and the sweep of N, each a fresh
-    process in a fresh directory; wall and CPU seconds and what follows from them."""
+def measure(args: argparse.Namespace, n: int, code: Path = REPO) -> dict[str, float]:
+    """One repetition of the code in ``code``: the N runs, the sweep of 1 trial and the sweep
+    of N, each a fresh process in a fresh directory; wall and CPU seconds and what follows."""
     CPU.clear()
     with tempfile.TemporaryDirectory(prefix="nalu-sweep-overhead-") as tmp:
         root = Path(tmp)
-        run_walls = runs(root, n, args)
-        one = sweep(root, 1, args)
-        many = sweep(root, n, args)
+        run_walls = runs(root, n, args, code)
+        one = sweep(root, 1, args, code)
+        many = sweep(root, n, args, code)
         trained = [json.loads((root / "runs" / f"result{i}.json").read_text())["elapsed_s"] for i in range(n)]
     cpu = list(CPU.values())  # the runs, then sweep(1), then sweep(N)
     one_more = (many - one) / (n - 1)
@@ -160,6 +167,31 @@ def report(m: dict[str, float], n: int) -> None:
           f"{m['one_more_cpu']:.1f}, fixed {m['fixed_cpu']:.1f}")
 
 
+def export(rev: str, into: Path) -> Path:
+    """The tree of revision ``rev`` of this repository, written under ``into``."""
+    tree = into / "baseline"
+    tree.mkdir()
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=False, capture_output=True)
+    if archive.returncode != 0:
+        sys.exit(f"--baseline {rev}: git archive failed: {archive.stderr.decode().strip()}")
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    if not (tree / "service" / "__main__.py").is_file():
+        sys.exit(f"--baseline {rev}: that revision has no service/__main__.py to run")
+    return tree
+
+
+def summarize(reps: list[dict], n: int, label: str) -> None:
+    """The median of each figure over the repetitions, and the fixed cost's range."""
+    keys = [k for k, v in reps[0].items() if isinstance(v, float)]
+    median = {k: statistics.median(m[k] for m in reps) for k in keys}
+    median.update({k: [statistics.median(m[k][i] for m in reps) for i in range(n)]
+                   for k in ("run_walls", "trained", "run_cpus")})
+    print(f"{label}median of {len(reps)} repetitions (each figure on its own); fixed cost "
+          f"{min(m['fixed'] for m in reps):.1f}–{max(m['fixed'] for m in reps):.1f} s, per-trial cost "
+          f"{min(m['per_trial'] for m in reps):.1f}–{max(m['per_trial'] for m in reps):.1f} s:")
+    report(median, n)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=2, help="N, at most 8")
@@ -170,23 +202,25 @@ def main() -> None:
                         help="repetitions of the whole measurement; with more than one, each is printed and then "
                              "the median of each figure (on a noisy machine one repetition's fixed cost can be off "
                              "by several seconds: it is the difference of two sweeps)")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="also measure this git revision (e.g. e2743e8, when this benchmark was added), "
+                             "alternating with the working tree; it must take the same `sweep` and `run` commands")
     args = parser.parse_args()
     n = max(2, min(args.trials, len(LRS)))
-    reps = []
-    for r in range(max(1, args.repeat)):
-        reps.append(measure(args, n))
-        print(f"{n} trials × {args.seeds} seeds × {args.steps} steps (eager, one at a time); load "
-              f"{os.getloadavg()[0]:.1f}" + (f"; repetition {r + 1} of {args.repeat}" if args.repeat > 1 else ""))
-        report(reps[-1], n)
-    if len(reps) > 1:
-        keys = [k for k, v in reps[0].items() if isinstance(v, float)]
-        median = {k: statistics.median(m[k] for m in reps) for k in keys}
-        median.update({k: [statistics.median(m[k][i] for m in reps) for i in range(n)]
-                       for k in ("run_walls", "trained", "run_cpus")})
-        print(f"median of {len(reps)} repetitions (each figure on its own); fixed cost "
-              f"{min(m['fixed'] for m in reps):.1f}–{max(m['fixed'] for m in reps):.1f} s, per-trial cost "
-              f"{min(m['per_trial'] for m in reps):.1f}–{max(m['per_trial'] for m in reps):.1f} s:")
-        report(median, n)
+    with tempfile.TemporaryDirectory(prefix="nalu-sweep-baseline-") as tmp:
+        trees = {"": REPO}
+        if args.baseline:
+            trees = {f"{args.baseline}: ": export(args.baseline, Path(tmp)), "working tree: ": REPO}
+        reps: dict[str, list[dict]] = {label: [] for label in trees}
+        for r in range(max(1, args.repeat)):
+            for label, code in trees.items():
+                reps[label].append(measure(args, n, code))
+                print(f"{label}{n} trials × {args.seeds} seeds × {args.steps} steps (eager, one at a time); load "
+                      f"{os.getloadavg()[0]:.1f}" + (f"; repetition {r + 1} of {args.repeat}" if args.repeat > 1 else ""))
+                report(reps[label][-1], n)
+    for label, measured in reps.items():
+        if len(measured) > 1:
+            summarize(measured, n, label)
 
 
 if __name__ == "__main__":
