@@ -32,8 +32,9 @@ def summary(part: dict) -> str:
         return "; ".join(f"pack {r['pack']}: {r['packed_s']} s packed vs {r['one_by_one_s']} s one after another "
                          f"({r['ratio']}×)" for r in f["rows"])
     if "sweep_wall_s" in f:
-        return (f"{f['sweep_wall_s']} s, {_n(f['seed_steps_per_s'])} seed·steps/s"
-                + (f"; {f['trials']} trials {sorted(set(f['outcomes']))} on {f['devices']}" if "trials" in f else ""))
+        outcomes = ", ".join(f"{f['outcomes'].count(o)} {o}" for o in sorted(set(f.get("outcomes", []))))
+        return (f"{f['sweep_wall_s']} s, {_n(f['seed_steps_per_s'])} seed·steps/s (set-up included)"
+                + (f"; {f['trials']} trials ({outcomes}) on {', '.join(f['devices'])}" if "trials" in f else ""))
     if f and all(isinstance(v, dict) and "seed_steps_per_s" in v for v in f.values()):
         return "; ".join(f"{k}: {_n(v['seed_steps_per_s'])} seed·steps/s" for k, v in f.items())
     if f and all(isinstance(v, dict) and "by_seeds" in v for v in f.values()):

@@ -52,15 +52,17 @@ PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x
              "manylinux_2_26_x86_64", "manylinux_2_5_x86_64", "linux_x86_64")
 # Paths under SITE that a sweep, a Tune run, ray.init and the dashboard-less head never read:
 # Ray's Java jars (33 MB), RLlib, Ray LLM and the dashboard's web client; MLflow's web UI;
-# plotly's Jupyter extensions and sample data sets. (Ray's data and serve stay: its
+# plotly's Jupyter extensions, widget bundle and sample data sets. (Ray's data and serve stay: its
 # dashboard agent's modules import them.)
 TRIM = (
     "ray/jars", "ray/rllib", "ray/llm", "ray/cpp", "ray/dashboard/client/build",
     "mlflow/server/js", "share/jupyter", "plotly/labextension", "plotly/package_data/datasets",
+    "plotly/package_data/widgetbundle.js",
 )
-# Compiled programs and extensions whose symbol tables go (`strip --strip-unneeded`; their
-# dynamic symbols, which loading needs, stay): a third of Ray's 120 MB of binaries.
-STRIP = ("ray/_raylet.so", "ray/core/src/ray/gcs/gcs_server", "ray/core/src/ray/raylet/raylet")
+# Compiled programs whose symbol tables go (`strip --strip-unneeded`, as for every extension
+# module `*.so`; the dynamic symbols that loading needs stay): a third of Ray's 120 MB of
+# binaries, nine tenths of SQLAlchemy's Cython modules.
+STRIP = ("ray/core/src/ray/gcs/gcs_server", "ray/core/src/ray/raylet/raylet")
 TRIM_NAMES = ("__pycache__", "tests")
 
 
@@ -149,7 +151,7 @@ def size(path: Path) -> int:
 
 
 def trim(site: Path) -> int:
-    """Remove TRIM and every TRIM_NAMES folder, strip STRIP; returns the bytes removed."""
+    """Remove TRIM and every TRIM_NAMES folder, strip STRIP and every *.so; returns the bytes removed."""
     before = size(site)
     for rel in TRIM:
         p = (site / rel).resolve()
@@ -160,9 +162,9 @@ def trim(site: Path) -> int:
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
     tool = shutil.which("strip")
-    for rel in STRIP if tool else ():
-        if (site / rel).exists():
-            subprocess.run([tool, "--strip-unneeded", str(site / rel)], check=True)
+    programs = [site / rel for rel in STRIP if (site / rel).exists()] + sorted(site.rglob("*.so"))
+    for path in programs if tool else ():
+        subprocess.run([tool, "--strip-unneeded", str(path)], check=True)
     return before - size(site)
 
 

@@ -134,6 +134,18 @@ def test_pytest_parts_count_passed_failed_and_skipped(tmp_path):
     assert "no GPU here" in figures["skips"][0]
 
 
+def test_a_pytest_part_stopped_at_its_limit_keeps_the_counts_it_showed(tmp_path):
+    tests = tmp_path / "test_slow.py"
+    tests.write_text("import time\ndef test_ok():\n    pass\ndef test_hangs():\n    time.sleep(120)\n")
+    part = gpu_check.Part("tests", "a hanging test", 120,
+                          lambda settings, scratch: gpu_check.pytest_command(settings, scratch, [str(tests)]),
+                          gpu_check.junit)
+    record = gpu_check.run_part(part, gpu_check.Settings(device="cpu"), 15, lambda text: None)
+    assert record["status"] == "timeout"
+    assert record["figures"]["passed"] == 1 and record["figures"]["failed"] == 0, record
+    assert "no report" in record["figures"]["incomplete"]
+
+
 def test_commit_comes_from_the_environment_then_the_file(tmp_path, monkeypatch):
     monkeypatch.setenv("NALU_SWEEP_COMMIT", "from-env")
     assert gpu_check.commit() == "from-env"
@@ -159,3 +171,22 @@ def test_the_trainer_level_sweep_part_runs_on_the_cpu(tmp_path):
     assert report["machine"]["cuda_available"] is False and report["machine"]["torch"]
     table = gpu_results.render(report)
     assert "sweep_trainer" in table and "passed" in table
+
+
+def test_results_render_each_kind_of_part_as_a_table_row():
+    report = {"machine": {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580", "torch": "2.11.0+cu130",
+                          "torch_cuda": "13.0", "commit": "0123456789abcdef"}, "wall_s": 400, "parts": [
+        {"name": "cuda_tests", "status": "failed", "wall_s": 60,
+         "figures": {"passed": 24, "failed": 1, "errors": 0, "skipped": 0, "failures": ["t::test_x"]}},
+        {"name": "throughput", "status": "passed", "wall_s": 70,
+         "figures": {"by_seeds": {"100": {"seed_steps_per_s": 1190000, "x_reference": 30.1, "setup_s": 20.5}}}},
+        {"name": "sweep_pack8", "status": "passed", "wall_s": 50,
+         "figures": {"sweep_wall_s": 41.9, "seed_steps_per_s": 1000, "trials": 2, "outcomes": ["completed"] * 2,
+                     "devices": ["cuda"]}},
+        {"name": "capture", "status": "skipped: absent"}]}
+    table = gpu_results.render(report)
+    assert "NVIDIA H100 80GB HBM3" in table and "commit 0123456789ab" in table
+    assert "| cuda_tests | failed | 60 | 24 passed, 1 failed, 0 errors, 0 skipped (t::test_x) |" in table
+    assert "S = 100: 1,190,000 seed·steps/s" in table and "| 100 | 1,190,000 | 30.1 | 20.5 |" in table
+    assert "2 trials (2 completed) on cuda" in table
+    assert "| capture | skipped: absent |  |  |" in table
