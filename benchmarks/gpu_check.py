@@ -155,7 +155,11 @@ def run_part(part: Part, settings: Settings, timeout_s: float, log) -> dict:
     record: dict = {"name": part.name, "about": part.about, "timeout_s": round(timeout_s)}
     with tempfile.TemporaryDirectory(prefix=f"gpu-check-{part.name}-") as tmp:
         scratch = Path(tmp)
-        built = part.build(settings, scratch)
+        try:
+            built = part.build(settings, scratch)
+        except Exception as e:  # noqa: BLE001 - one part that cannot start does not stop the others
+            record["status"] = f"error: could not build the command: {e!r}"
+            return record
         if isinstance(built, str):
             record["status"] = f"skipped: {built}"
             return record
@@ -541,11 +545,13 @@ def main(argv: list[str] | None = None) -> int:
     report["machine"] = {"commit": commit()} if a.dry_run else machine(settings.python)
     log(f"gpu_check: {json.dumps(report['machine'])}\n")
     write(report, paths)
-    run_all(parts, settings, a.budget - (time.perf_counter() - started), report, lambda: write(report, paths), log, dry_run=a.dry_run)
+    run_all(parts, settings, a.budget - (time.perf_counter() - started), report, lambda: write(report, paths), log,
+            dry_run=a.dry_run)
     report["finished"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     report["wall_s"] = round(time.perf_counter() - started, 1)
     write(report, paths)
-    bad = [r["name"] for r in report["parts"] if r["status"] in ("failed", "timeout")]
+    bad = [r["name"] for r in report["parts"]
+           if r["status"] in ("failed", "timeout") or r["status"].startswith("error")]
     log(f"gpu_check: {len(report['parts'])} parts in {report['wall_s']} s; "
         + (f"failed or timed out: {', '.join(bad)}" if bad else "none failed") + f"; {paths[0]}\n")
     if log_file:

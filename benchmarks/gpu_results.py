@@ -27,7 +27,8 @@ def summary(part: dict) -> str:
         text = f"{f['passed']} passed, {f['failed']} failed, {f['errors']} errors, {f['skipped']} skipped"
         return text + (f" ({', '.join(f['failures'][:3])})" if f.get("failures") else "")
     if "by_seeds" in f:
-        return "; ".join(f"S = {_n(int(s))}: {_n(r['seed_steps_per_s'])} seed·steps/s" for s, r in f["by_seeds"].items())
+        return "; ".join(f"S = {_n(int(s))}: {_n(r['seed_steps_per_s'])} seed·steps/s"
+                         for s, r in f["by_seeds"].items())
     if "rows" in f:
         return "; ".join(f"pack {r['pack']}: {r['packed_s']} s packed vs {r['one_by_one_s']} s one after another "
                          f"({r['ratio']}×)" for r in f["rows"])

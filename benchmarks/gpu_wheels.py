@@ -200,12 +200,9 @@ VERIFY = ("import ray, ray.tune, optuna, mlflow, pydantic, plotly; from ray.tune
           "print('resources', ray.cluster_resources()); ray.shutdown()")
 
 
-def verify(site: Path, build: Path, python: str) -> None:
+def verify(site: Path, build: Path) -> None:
     """Import the sweep's stack and start and stop a Ray in a fresh virtual environment whose
     only packages are SITE and device_view(): a missing dependency fails here, not there."""
-    if f"{sys.version_info.major}.{sys.version_info.minor}" != python:
-        sys.exit(f"gpu_wheels: --verify needs SITE built for this Python ({sys.version_info.major}."
-                 f"{sys.version_info.minor}); build one with --python {sys.version_info.major}.{sys.version_info.minor}")
     env_dir = build / "verify-venv"
     if not (env_dir / "bin" / "python").exists():
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True)
@@ -229,6 +226,9 @@ def main() -> None:
                    help="after building SITE for this Python: import Ray, Tune, Optuna, MLflow, pydantic and the "
                         "sweep and start a Ray with SITE and the GPU machine's packages alone")
     a = p.parse_args()
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if a.verify and a.python != here:
+        sys.exit(f"gpu_wheels: --verify imports SITE with this Python ({here}); build one with --python {here}")
     tag = "cp" + a.python.replace(".", "")
     pins = to_carry(a.python)
     if a.list:
@@ -245,7 +245,7 @@ def main() -> None:
     print(f"{len(files)} distributions, {installed / 2**20:.1f} MiB installed, "
           f"{removed / 2**20:.1f} MiB trimmed, {size(site) / 2**20:.1f} MiB left in {site}")
     if a.verify:
-        verify(site, a.build / tag, a.python)
+        verify(site, a.build / tag)
     if not a.no_pack:
         archive = pack(site, a.out)
         print(f"{archive}: {archive.stat().st_size / 2**20:.1f} MiB")

@@ -106,15 +106,17 @@ def test_the_budget_skips_what_would_start_too_late_and_each_part_is_saved(tmp_p
     quick = gpu_check.Part("quick", "prints", 30, lambda s, d: [sys.executable, "-c", "print('hi')"])
     failing = gpu_check.Part("failing", "exits 3", 30, lambda s, d: [sys.executable, "-c", "raise SystemExit(3)"])
     slow = gpu_check.Part("slow", "sleeps", 30, lambda s, d: [sys.executable, "-c", "import time; time.sleep(2)"])
+    broken = gpu_check.Part("broken", "cannot build", 30, lambda s, d: 1 / 0)
     report: dict = {"parts": []}
     saved: list[int] = []
-    gpu_check.run_all([quick, failing, slow, quick], gpu_check.Settings(device="cpu"), 3.0, report,
+    gpu_check.run_all([quick, failing, broken, slow, quick], gpu_check.Settings(device="cpu"), 3.0, report,
                       lambda: saved.append(len(report["parts"])), lambda text: None, min_part_s=1.0)
     status = [p["status"] for p in report["parts"]]
-    assert status[:3] == ["passed", "failed", "passed"], report
+    assert status[:2] == ["passed", "failed"] and status[3] == "passed", report
+    assert status[2].startswith("error: could not build the command: ZeroDivisionError"), report
     assert report["parts"][1]["returncode"] == 3
-    assert status[3] == "skipped: budget", report  # the budget was spent by the slow part
-    assert saved == [1, 2, 3, 4]
+    assert status[4] == "skipped: budget", report  # the budget was spent by the slow part
+    assert saved == [1, 2, 3, 4, 5]
 
 
 def test_pytest_parts_count_passed_failed_and_skipped(tmp_path):
