@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -99,7 +99,6 @@ class Settings:
     device: str = "cuda"
     quick: bool = False  # tiny sizes (the CPU smoke test)
     python: str = sys.executable
-    extra: dict = field(default_factory=dict)
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------
