@@ -165,15 +165,22 @@ def run_part(part: Part, settings: Settings, timeout_s: float, log) -> dict:
         record["command"] = shlex.join(built)
         log(f"\n=== {part.name}: {record['command']} (limit {timeout_s:.0f} s)\n")
         started = time.perf_counter()
-        proc = subprocess.Popen(built, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=timeout_s)
-            record["status"] = "passed" if proc.returncode == 0 else "failed"
-        except subprocess.TimeoutExpired:
-            stop_group(proc)
-            out, _ = proc.communicate()
-            record["status"] = "timeout"
+        # output to a file, not a pipe: a process the part leaves behind holding the pipe open
+        # would otherwise keep the part "running" until its limit
+        with open(scratch / "output.log", "w") as output:
+            proc = subprocess.Popen(built, cwd=ROOT, env=child_env(), stdout=output, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            try:
+                proc.wait(timeout=timeout_s)
+                record["status"] = "passed" if proc.returncode == 0 else "failed"
+            except subprocess.TimeoutExpired:
+                stop_group(proc)
+                record["status"] = "timeout"
+        try:  # whatever it left running (a Ray worker holding GPU memory) does not reach the next part
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        out = (scratch / "output.log").read_text(errors="replace")
         record["returncode"] = proc.returncode
         record["wall_s"] = round(time.perf_counter() - started, 1)
         log(out)

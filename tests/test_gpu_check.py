@@ -90,16 +90,29 @@ def test_a_part_past_its_limit_is_killed_with_its_children(tmp_path):
     assert time.perf_counter() - started < 30
     assert record["status"] == "timeout" and record["timeout_s"] == 3
     assert "started" in record["tail"]
-    child = int(pid_file.read_text())
+    _gone(int(pid_file.read_text()))
+
+
+def test_what_a_finished_part_leaves_running_is_stopped(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    code = ("import subprocess, sys; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], stdout=subprocess.DEVNULL); "
+            f"open({str(pid_file)!r}, 'w').write(str(c.pid))")
+    part = gpu_check.Part("leaver", "leaves a child", 60, lambda settings, scratch: [sys.executable, "-c", code])
+    record = gpu_check.run_part(part, gpu_check.Settings(device="cpu"), 30, lambda text: None)
+    assert record["status"] == "passed"
+    _gone(int(pid_file.read_text()))
+
+
+def _gone(pid: int) -> None:
     deadline = time.time() + 10
     while time.time() < deadline:
         try:
-            os.kill(child, 0)
+            os.kill(pid, 0)
         except ProcessLookupError:
-            break
+            return
         time.sleep(0.2)
-    else:
-        pytest.fail(f"the part's child {child} outlived the time limit")
+    pytest.fail(f"process {pid} outlived its part")
 
 
 def test_the_budget_skips_what_would_start_too_late_and_each_part_is_saved(tmp_path):
