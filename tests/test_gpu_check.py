@@ -77,31 +77,12 @@ def test_parts_selects_and_orders_and_refuses_unknown_names(tmp_path, capsys):
         gpu_check.main(["--dry-run", "--budget", "0"])
 
 
-def test_a_part_past_its_limit_is_killed_with_its_children(tmp_path):
-    """The part starts a grandchild that would sleep for a minute; both go at the limit."""
-    pid_file = tmp_path / "child.pid"
+def _parent_of_a_sleeper(pid_file: Path, then: str) -> gpu_check.Part:
+    """A part that starts a child sleeping for a minute, writes its pid, then runs `then`."""
     code = ("import subprocess, sys, time; "
             "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-            f"open({str(pid_file)!r}, 'w').write(str(c.pid)); print('started', flush=True); time.sleep(60)")
-    part = gpu_check.Part("sleeper", "sleeps", 60, lambda settings, scratch: [sys.executable, "-c", code])
-    lines: list[str] = []
-    started = time.perf_counter()
-    record = gpu_check.run_part(part, gpu_check.Settings(device="cpu"), 3.0, lines.append)
-    assert time.perf_counter() - started < 30
-    assert record["status"] == "timeout" and record["timeout_s"] == 3
-    assert "started" in record["tail"]
-    _gone(int(pid_file.read_text()))
-
-
-def test_what_a_finished_part_leaves_running_is_stopped(tmp_path):
-    pid_file = tmp_path / "child.pid"
-    code = ("import subprocess, sys; "
-            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], stdout=subprocess.DEVNULL); "
-            f"open({str(pid_file)!r}, 'w').write(str(c.pid))")
-    part = gpu_check.Part("leaver", "leaves a child", 60, lambda settings, scratch: [sys.executable, "-c", code])
-    record = gpu_check.run_part(part, gpu_check.Settings(device="cpu"), 30, lambda text: None)
-    assert record["status"] == "passed"
-    _gone(int(pid_file.read_text()))
+            f"open({str(pid_file)!r}, 'w').write(str(c.pid)); print('started', flush=True); {then}")
+    return gpu_check.Part("parent", "starts a sleeper", 60, lambda settings, scratch: [sys.executable, "-c", code])
 
 
 def _gone(pid: int) -> None:
@@ -113,6 +94,27 @@ def _gone(pid: int) -> None:
             return
         time.sleep(0.2)
     pytest.fail(f"process {pid} outlived its part")
+
+
+def test_a_part_past_its_limit_is_killed_with_its_children(tmp_path):
+    """The part sleeps past its limit: it and its child go at the limit."""
+    part = _parent_of_a_sleeper(tmp_path / "child.pid", "time.sleep(60)")
+    started = time.perf_counter()
+    record = gpu_check.run_part(part, gpu_check.Settings(device="cpu"), 3.0, lambda text: None)
+    assert time.perf_counter() - started < 30
+    assert record["status"] == "timeout" and record["timeout_s"] == 3
+    assert "started" in record["tail"]
+    _gone(int((tmp_path / "child.pid").read_text()))
+
+
+def test_what_a_finished_part_leaves_running_is_stopped(tmp_path):
+    """The part exits at once, its child (holding the part's output open) still sleeping: the
+    part counts as finished, and the child goes before the next part."""
+    part = _parent_of_a_sleeper(tmp_path / "child.pid", "pass")
+    started = time.perf_counter()
+    record = gpu_check.run_part(part, gpu_check.Settings(device="cpu"), 30, lambda text: None)
+    assert record["status"] == "passed" and time.perf_counter() - started < 20
+    _gone(int((tmp_path / "child.pid").read_text()))
 
 
 def test_the_budget_skips_what_would_start_too_late_and_each_part_is_saved(tmp_path):
