@@ -43,7 +43,12 @@ from service.training.result import RunResult
 from service.training.seed_settings import SeedSchedule, SeedSettings
 from service.units.base import ForwardContext
 
-_COMPILE_COST_S = 12.5  # seconds to compile the step (cold cache), for compile="auto"
+CPU_COMPILE_FROM_STEPS = 20_000
+"""``compile: auto`` on a CPU compiles runs of at least this many steps. Compiling costs
+~10 s cold and saves ~0.8 ms per step plus ~5 µs per seed (one thread, NAU → NMU, 100
+inputs): from 20,000 steps it pays for one seed and twice over for 100. The number of
+seeds is deliberately not part of the decision: compiled and eager steps round
+differently, so a seed must not change mode with its batch mates (a seed is a seed)."""
 _GRAPH_STEPS = 50  # steps per captured CUDA graph
 _GRAPH_WARMUP = 3  # steps run (compiled, uncaptured) before the capture
 
@@ -63,6 +68,22 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for, but torch sees no CUDA device; use --device cpu or auto")
     return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device(name)
+
+
+def compile_pays_off(device: torch.device, steps: int) -> bool:
+    """``compile: auto``'s decision: always on a GPU; on a CPU for runs of at least
+    `CPU_COMPILE_FROM_STEPS` steps. Nothing else enters it (not the seeds, not packing)."""
+    return device.type == "cuda" or steps >= CPU_COMPILE_FROM_STEPS
+
+
+def compile_mode(config: RunConfig) -> str:
+    """``"compiled"`` or ``"eager"``: the mode a run of ``config`` trains in (before any
+    fallback to eager when compiling fails; `RunResult.compiled` records the outcome)."""
+    if getattr(config.task, "recurrent", False):  # `RecurrentTrainer` trains eagerly
+        return "eager"
+    if config.compile != "auto":
+        return "compiled" if config.compile == "on" else "eager"
+    return "compiled" if compile_pays_off(resolve_device(config.device), config.train.steps) else "eager"
 
 
 class Trainer(Evaluation):
@@ -132,9 +153,7 @@ class Trainer(Evaluation):
         self._interp: list[Tensor] = []
         self._extrap: dict[str, list[Tensor]] = {n: [] for n in self.extrapolation_names}
 
-        use_compile = config.compile == "on" or (
-            config.compile == "auto" and self._compile_pays_off()
-        )
+        use_compile = config.compile == "on" or (config.compile == "auto" and self._compile_pays_off())
         if use_compile:
             # One graph for the whole step: forward, the gradient and the update. Dynamo
             # traces `torch.autograd.grad` only with this flag (else it breaks the graph
@@ -160,14 +179,9 @@ class Trainer(Evaluation):
         self._graph: "torch.cuda.CUDAGraph | None" = None
 
     def _compile_pays_off(self) -> bool:
-        """Whether ``compile="auto"`` compiles: always on a GPU; on a CPU when the time it
-        saves is at least twice what compiling costs (~10 s, ~3 s with a warm cache). On
-        one CPU thread (NAU → NMU, 100 inputs, batch 128) compiling saves ~0.8 ms per step
-        plus ~5 µs per seed: 1 seed compiles from ~31k steps, 100 from ~19k, 1000 from ~4k."""
-        if self.device.type == "cuda":
-            return True
-        saved_s = self.config.train.steps * (0.8e-3 + 5e-6 * self.num_seeds)
-        return saved_s >= _COMPILE_COST_S * 2
+        """Whether ``compile="auto"`` compiles: from the device and the run's length only
+        (`compile_pays_off`), never from the number of seeds or the pack."""
+        return compile_pays_off(self.device, self.config.train.steps)
 
     def _stream_keys(self, stream: str) -> Tensor:  # [S, 3]: each member's seeds, its master seed
         return torch.cat([stream_keys(m.master_seed, stream, m.seed_ids) for m in self.settings.members]).to(self.device)
