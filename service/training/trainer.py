@@ -16,10 +16,12 @@ is one graph. ~1.1 ms per step compiled, ~2.2 ms eager.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import time
 import warnings
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -61,6 +63,31 @@ def _isfinite(t: Tensor) -> Tensor:
     return (t - t) == 0
 
 
+@contextlib.contextmanager
+def collection_paused() -> Iterator[None]:
+    """No automatic garbage collection until the block ends (a CUDA graph capture: a
+    collection inside it could run a dead trainer's finalisers, which call CUDA). Garbage
+    left from before is collected after the block, as usual."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+_CAPTURE_STREAMS: dict[torch.device, "torch.cuda.Stream"] = {}
+
+
+def capture_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The side stream every CUDA graph on ``device`` is warmed up and captured on (one
+    per device, so its lazy set-up happens once)."""
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
+    return _CAPTURE_STREAMS[device]
+
+
 def resolve_device(name: str) -> torch.device:
     """``cpu``, or ``cuda:<index>`` (in a Ray trial ``cuda:0``, its GPU: Ray sets CUDA_VISIBLE_DEVICES)."""
     if name == "auto":
@@ -70,20 +97,20 @@ def resolve_device(name: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device(name)
 
 
-def compile_pays_off(device: torch.device, steps: int) -> bool:
+def compile_pays_off(device: torch.device, steps: int, recurrent: bool = False) -> bool:
     """``compile: auto``'s decision: always on a GPU; on a CPU for runs of at least
-    `CPU_COMPILE_FROM_STEPS` steps. Nothing else enters it (not the seeds, not packing)."""
-    return device.type == "cuda" or steps >= CPU_COMPILE_FROM_STEPS
+    `CPU_COMPILE_FROM_STEPS` steps, never for a recurrent task (its eager step is a few
+    small operations per position). Nothing else enters it (not the seeds, not packing)."""
+    return device.type == "cuda" or (not recurrent and steps >= CPU_COMPILE_FROM_STEPS)
 
 
 def compile_mode(config: RunConfig) -> str:
     """``"compiled"`` or ``"eager"``: the mode a run of ``config`` trains in (before any
     fallback to eager when compiling fails; `RunResult.compiled` records the outcome)."""
-    if getattr(config.task, "recurrent", False):  # `RecurrentTrainer` trains eagerly
-        return "eager"
     if config.compile != "auto":
         return "compiled" if config.compile == "on" else "eager"
-    return "compiled" if compile_pays_off(resolve_device(config.device), config.train.steps) else "eager"
+    recurrent = getattr(config.task, "recurrent", False)
+    return "compiled" if compile_pays_off(resolve_device(config.device), config.train.steps, recurrent) else "eager"
 
 
 class Trainer(Evaluation):
@@ -288,33 +315,60 @@ class Trainer(Evaluation):
         """``n`` training steps; the same trajectory as ``n`` calls of `train_step`, in
         replays of one captured CUDA graph where `graphed`."""
         end = self.step + n
-        if self.graphed and n >= _GRAPH_STEPS:
-            warm = 0
-            while self.step < end and self._graph is None:
-                self.train_step()  # compiles; then warm-up steps before the capture
-                warm += 1
-                if warm >= _GRAPH_WARMUP and self.compiled:
-                    self._capture_graph()
-            while end - self.step >= _GRAPH_STEPS and self._graph is not None:
+        if self.graphed and n >= _GRAPH_STEPS and self._graph is None:
+            self._warm_up_and_capture(end)
+        if self._graph is not None:
+            while end - self.step >= _GRAPH_STEPS:
                 self.step_t.fill_(self.step)
                 self._graph.replay()
                 self.step += _GRAPH_STEPS
         while self.step < end:
             self.train_step()
 
-    def _capture_graph(self) -> None:
+    def _warm_up_and_capture(self, end: int) -> None:
+        """`_GRAPH_WARMUP` steps (the first compiles) then the capture, both on the side
+        stream the graph is captured on (CUDA's documented recipe: lazy per-stream set-up,
+        cuBLAS workspaces among them, happens in the warm-up, not inside the capture)."""
+        stream = capture_stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(_GRAPH_WARMUP):
+                if self.step >= end:
+                    break
+                self.train_step()
+            if self.compiled:
+                self._capture_graph(stream)
+            else:  # compiling failed ("auto" fell back to eager): step by step from now on
+                self.graphed = False
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+
+    def _capture_graph(self, stream: "torch.cuda.Stream") -> None:
         """Record `_GRAPH_STEPS` steps, the step counter advanced on the device between
         them, as one CUDA graph (recording runs nothing). It leaves ``step_t`` at the last
         step's index, as `train_step` does. Reads and writes the trainer's own tensors in
-        place, so it stays valid across re-initialisation and checkpoint loading."""
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(_GRAPH_STEPS):
-                if i:
-                    self.step_t.add_(1)
-                self._step(self.step_t)
+        place, so it stays valid across re-initialisation and checkpoint loading.
+
+        Nothing else may call CUDA while the capture runs, or the capture is invalidated
+        (``cudaErrorStreamCaptureInvalidated``, issue 35): no garbage is collected during
+        it (a dead trainer — trainers are reference cycles, freed by the cycle collector
+        at whichever allocation triggers it — destroys its CUDA graph, ``cudaGraphExecDestroy``,
+        and its memory when collected), and the capture mode is
+        ``thread_local``, so another thread's CUDA calls (a listener, a tracking thread)
+        cannot invalidate it."""
+        with collection_paused():
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                for i in range(_GRAPH_STEPS):
+                    if i:
+                        self.step_t.add_(1)
+                    self._step(self.step_t)
         self._graph = graph
+
+    def release_graph(self) -> None:
+        """Destroy the captured CUDA graph now (between captures: a trainer that is done
+        with, e.g. a pack being rebuilt); the next `train_steps` captures again."""
+        self._graph = None
 
     # -- evaluation and re-initialisation ----------------------------------------------------
     def _diverged(self) -> Tensor:

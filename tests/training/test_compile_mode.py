@@ -3,6 +3,8 @@ trains in the same mode alone, among 64 or packed, so it stays bit-identical."""
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 import torch
@@ -50,7 +52,10 @@ def test_explicit_modes_and_recurrent_tasks():
     assert compile_mode(_issue_config(10**6, 64, compile="off", device="cpu")) == "eager"
     recurrent = RunConfig.model_validate({"task": {"kind": "sequence_arithmetic", "operation": "sum"},
                                           "train": {"steps": 10**6}, "device": "cpu"})
-    assert compile_mode(recurrent) == "eager" and not Trainer(recurrent).compiled
+    assert compile_mode(recurrent) == "eager" and not Trainer(recurrent).compiled  # auto, CPU: eager
+    assert compile_mode(recurrent.model_copy(update={"compile": "on"})) == "compiled"
+    assert compile_pays_off(torch.device("cuda"), 10, recurrent=True)  # a GPU step is launch-bound
+    assert not compile_pays_off(torch.device("cpu"), 10**7, recurrent=True)
 
 
 def test_a_pack_holds_only_members_of_one_mode():
@@ -89,3 +94,21 @@ def test_seed_7_alone_and_among_64_with_default_flags_at_25000_steps():
         assert np.array_equal(b.weights[name][7:8], w), name
     assert b.seeds[7].model_dump_json() == a.seeds[0].model_dump_json()
     assert np.array_equal(b.history.interpolation_mse[:, 7], a.history.interpolation_mse[:, 0], equal_nan=True)
+
+
+def test_collection_is_paused_for_a_capture():
+    """A CUDA graph capture runs with automatic garbage collection off (a collection could
+    free a dead trainer's graph inside it, issue 35) and restores the setting after."""
+    from service.training.trainer import collection_paused
+
+    assert gc.isenabled()
+    with collection_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with collection_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
