@@ -50,5 +50,10 @@ def compile_params(configs: dict[str, RunConfig]) -> dict[str, Any]:
     as ``compile_mode`` (``compile_mode.<task>`` for several tasks)."""
     from service.training.trainer import compile_mode
 
-    return {("compile_mode" if len(configs) == 1 else f"compile_mode.{name}"): compile_mode(config)
-            for name, config in configs.items()}
+    out: dict[str, Any] = {}
+    for name, config in configs.items():
+        try:
+            out["compile_mode" if len(configs) == 1 else f"compile_mode.{name}"] = compile_mode(config)
+        except ValueError:  # a device torch does not see: the trial fails in its own run, recorded there
+            pass
+    return out

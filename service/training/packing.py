@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from service.config import RunConfig
-from service.pack_structure import check_pack
+from service.pack_structure import check_pack, packable
 from service.scoring.metrics import AggregateMetrics, aggregate, per_seed_metrics
 from service.training.checkpoint import TrainerCheckpoint, config_fingerprint, pack_fingerprint
 from service.training.evaluation import EvalReport
@@ -162,7 +162,7 @@ class PackedTrainer:
             if any(c is None for c in resume_from):
                 raise ValueError("resume every member of a pack from a checkpoint, or none")
             parts = list(resume_from)  # type: ignore[arg-type]
-        padded = compile_mode(self.configs[0]) == "compiled"
+        padded = packable(self.configs[0]) and compile_mode(self.configs[0]) == "compiled"
         while self.active:
             members = [self.configs[i] for i in self.active]
             self.padding = padding_members(members, seed_bucket(sum(m.seeds for m in members))) if padded else []

@@ -152,8 +152,8 @@ def test_recurrent_tasks_compile_and_replay_cuda_graphs(task):
     assert a.history.steps.tolist() == b.history.steps.tolist() == c.history.steps.tolist()
 
 
-@pytest.mark.parametrize("task", ["sequence_arithmetic", "sequential_digits"])
-def test_recurrent_seed_is_bit_identical_alone_and_in_a_batch_on_the_gpu(task):
+def test_recurrent_seed_is_bit_identical_alone_and_in_a_batch_on_the_gpu():
+    task = "sequential_digits"  # the task (one more compilation: one seed)
     together, alone = Trainer(_recurrent(task, 4)).run(), Trainer(_recurrent(task, 1, 2)).run()
     for name, w in together.weights.items():
         assert (w[2:3] == alone.weights[name]).all(), name
