@@ -39,7 +39,7 @@ def test_auto_decides_from_device_and_length_not_from_seeds():
     shortest = next(n for n in range(20_000, 40_000) if _old_rule(n, 64) and not _old_rule(n, 1))
     for steps in (1_000, shortest, 25_000, 40_000):
         modes = set()
-        for seeds, offset in ((1, 7), (64, 0), (1000, 0)):
+        for seeds, offset in ((1, 7), (64, 0)):
             config = _issue_config(steps, seeds, offset, device="cpu")
             trainer = Trainer(config)  # construction only: compiling happens at the first step
             assert compile_mode(config) == ("compiled" if trainer.compiled else "eager")
