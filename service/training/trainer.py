@@ -337,7 +337,12 @@ class Trainer(Evaluation):
                     break
                 self.train_step()
             if self.compiled:
-                self._capture_graph(stream)
+                try:
+                    self._capture_graph(stream)
+                except RuntimeError as e:  # recording runs nothing: the state is as before
+                    warnings.warn(f"CUDA graph capture failed ({str(e)[:200]}); training step by step",
+                                  RuntimeWarning)
+                    self.graphed = False
             else:  # compiling failed ("auto" fell back to eager): step by step from now on
                 self.graphed = False
         torch.cuda.current_stream(self.device).wait_stream(stream)
