@@ -151,7 +151,8 @@ def main() -> None:
     if args.json:
         import torch
 
-        device_name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
+        device_name = (torch.cuda.get_device_name() if args.device == "cuda"
+                       else platform.processor() or platform.machine())
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "torch": torch.__version__,
                                          "device_name": device_name, "rows": rows}, indent=1))

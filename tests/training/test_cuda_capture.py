@@ -56,7 +56,8 @@ def test_two_dozen_captures_with_packs_of_changing_sizes(monkeypatch):
 
         def watched(step_t):
             if torch.cuda.is_current_stream_capturing():
-                during_capture.append((gc.isenabled(), torch.cuda.current_stream(self.device) == capture_stream(self.device)))
+                on_stream = torch.cuda.current_stream(self.device) == capture_stream(self.device)
+                during_capture.append((gc.isenabled(), on_stream))
             return inner(step_t)
 
         self._step = watched
@@ -80,7 +81,8 @@ def test_two_dozen_captures_with_packs_of_changing_sizes(monkeypatch):
         assert packed.trainer is not None and packed.trainer.num_seeds == 16 and results[1] is None
         for index, result in enumerate(results):
             if index != 1:
-                assert result is not None and all(s.diverged or math.isfinite(s.interpolation_mse) for s in result.seeds)
+                assert result is not None
+                assert all(s.diverged or math.isfinite(s.interpolation_mse) for s in result.seeds)
         if first_pack_graphs is None:
             first_pack_graphs = counters["stats"]["unique_graphs"]
     assert captures == 2 * len(PACKS) >= 20

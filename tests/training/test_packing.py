@@ -187,8 +187,9 @@ def test_packs_of_changing_sizes_reuse_the_compiled_step():
     from torch._dynamo.utils import counters
 
     short = {"steps": 40, "eval_every": 20}
-    a, b, c = (_member(1e-2, compile="on", train=short), _member(3e-2, seeds=2, master_seed=3, compile="on", train=short),
-               _member(2e-2, master_seed=5, compile="on", train=short))
+    a = _member(1e-2, compile="on", train=short)
+    b = _member(3e-2, seeds=2, master_seed=3, compile="on", train=short)
+    c = _member(2e-2, master_seed=5, compile="on", train=short)
     alone = {m.master_seed: Trainer(m).run() for m in (a, c)}  # 3 seeds each, not padded
 
     first = PackedTrainer([a, c])
