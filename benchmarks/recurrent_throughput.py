@@ -20,7 +20,8 @@ second without ("warm").
 Usage:
     python benchmarks/recurrent_throughput.py [--task sequence_arithmetic|sequential_digits]
                                               [--seconds 3] [--seeds 1,10,100] [--threads 1]
-                                              [--device cpu|cuda] [--steps N] [--json PATH]
+                                              [--device cpu|cuda] [--steps N] [--units A,B]
+                                              [--json PATH]
 """
 
 from __future__ import annotations
@@ -47,12 +48,14 @@ def config(task: str, seeds: int) -> RunConfig:
     })
 
 
-def run_rates(task_name: str, seeds: int, steps: int, device: str) -> dict:
+def run_rates(task_name: str, seeds: int, steps: int, device: str, units: str = "") -> dict:
     """Whole runs of ``steps`` steps (the CLI's defaults, batch as ``nalu-sweep run``):
-    seed·steps/s with compiling (the first run of this shape in the process) and without."""
+    seed·steps/s with compiling (the first run of this shape in the process) and without.
+    ``units``: the layers as ``--units`` names them (default: the task's model)."""
+    layers = [{"unit": u.strip()} for u in units.split(",")] if units else None
     cfg = RunConfig.model_validate({"task": {"kind": task_name, "operation": "sum"}, "seeds": seeds,
-                                    "device": device, "train": {"steps": steps}})
-    row: dict = {"task": task_name, "seeds": seeds, "steps": steps, "device": device}
+                                    "model": {"layers": layers}, "device": device, "train": {"steps": steps}})
+    row: dict = {"task": task_name, "units": units or "default", "seeds": seeds, "steps": steps, "device": device}
     for label in ("cold", "warm"):
         started = time.perf_counter()
         trainer = Trainer(cfg)
@@ -163,6 +166,7 @@ def main() -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--steps", type=int, default=0,
                    help="time whole runs of this many steps (default on cuda: 2000) instead of the ratio method")
+    p.add_argument("--units", default="", help="with --steps: the layers, e.g. nau,lstm (default: the task's)")
     p.add_argument("--json", type=Path, help="write the measurements here (JSON)")
     args = p.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -177,7 +181,7 @@ def main() -> None:
         if steps:
             print(f"\n[{threads} thread(s)] whole runs of {steps} steps on {args.device}")
             for s in map(int, args.seeds.split(",")):
-                row = {"threads": threads, **run_rates(args.task, s, steps, args.device)}
+                row = {"threads": threads, **run_rates(args.task, s, steps, args.device, args.units)}
                 out["rows"].append(row)
                 print(row, flush=True)
             continue
