@@ -130,9 +130,9 @@ class ResumableOptunaSearch(OptunaSearch):
                 return
         super().on_trial_complete(trial_id, result, error)
 
-    @staticmethod
-    def _frozen(ot_trial: Any) -> Any:
-        return ot_trial.storage.get_trial(ot_trial._trial_id)
+    def _frozen(self, ot_trial: Any) -> Any:
+        """The trial as the study holds it now (its state, its intermediate values)."""
+        return self._ot_study.get_trials(deepcopy=False)[ot_trial.number]
 
     def _report_last(self, ot_trial: Any, result: dict) -> None:
         """Add the trial's last report to its intermediate values: Tune passes a searcher
