@@ -129,13 +129,22 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
                   resume=resume, report_checkpoint=_report_checkpoint)
         outcome = Outcome.COMPLETED
     except SystemExit:  # Tune's way of stopping a trial from inside `tune.report`
-        outcome = Outcome.COMPLETED if progress.completed else Outcome.PRUNED
+        outcome = Outcome.COMPLETED if progress.completed or _trained_before(tracker, space) else Outcome.PRUNED
         raise
     except Exception as e:
         tracker.set_tags({store.TAG_ERROR: f"{type(e).__name__}: {e}"[:5000]})
         raise
     finally:
         tracker.close(outcome)
+
+
+def _trained_before(tracker: runs.TrialRun, space: SearchSpace) -> bool:
+    """Whether an earlier attempt of the trial trained all its steps (its run holds the last
+    one). A resumed sweep runs again a trial whose worker finished just before the driver
+    died; a scheduler stopping that repeat does not undo the result its run and the Optuna
+    study already hold."""
+    last = tracker.resumed_from_step
+    return last is not None and last >= space.steps * len(space.task_configs())
 
 
 def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
