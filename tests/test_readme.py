@@ -42,7 +42,7 @@ def test_what_the_commands_write_is_git_ignored(tmp_path):
 
         pytest.skip("not a git checkout")
     written = ["mlflow.db", "mlruns/1/meta.yaml", "runs/smoke/state.json", "reports/smoke/report.html",
-               "result.json"]
+               "result.json", "best.yaml"]
     proc = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *written],
                           capture_output=True, text=True, check=False)
     assert sorted(proc.stdout.split()) == sorted(written), proc.stdout + proc.stderr

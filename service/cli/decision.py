@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from service.cli.app import console
+from service.cli.common import open_client
 from service.errors import UserError
 
 FORMATS = ("table", "yaml", "json")
@@ -18,13 +19,16 @@ FORMATS = ("table", "yaml", "json")
 
 # -- links ------------------------------------------------------------------------------------------
 def mlflow_links(uri: str, experiment_id: str, parent_run_id: str | None = None,
-                 report: bool = False) -> list[str]:
-    """Lines naming the sweep's MLflow runs table (and its report artifact), with how to
+                 report: bool = False, compare: list[str] = ()) -> list[str]:
+    """Lines naming the sweep's views in MLflow: the top settings compared (``compare``: their
+    run ids, see `compare_ids`), the report artifact, the whole runs table; with how to
     serve a local store."""
-    from service.tracking.links import artifact_url, runs_table_url, ui_base
+    from service.tracking.links import artifact_url, compare_runs_url, runs_table_url, ui_base
 
     base, served = ui_base(uri)
     lines = []
+    if compare:
+        lines.append(f"top settings in MLflow: {compare_runs_url(base, experiment_id, list(compare))}")
     if report and parent_run_id:
         lines.append(f"report in MLflow: {artifact_url(base, experiment_id, parent_run_id, 'report/report.html')}")
     lines.append(f"MLflow runs table: {runs_table_url(base, experiment_id)}")
@@ -33,8 +37,21 @@ def mlflow_links(uri: str, experiment_id: str, parent_run_id: str | None = None,
     return lines
 
 
-def print_links(uri: str, experiment_id: str, parent_run_id: str | None = None, report: bool = False) -> None:
-    for line in mlflow_links(uri, experiment_id, parent_run_id, report):
+def compare_ids(view: Any, validations: dict[str, Any], top: int = 3) -> list[str]:
+    """The run ids worth comparing: the ``top`` ranked trials, each followed by its latest
+    validation run (``validations``: trial run id → run), so the search's interval and the
+    fresh seeds' stand side by side."""
+    ids = []
+    for row in view.ranked()[:top]:
+        ids.append(row.run_id)
+        if row.run_id in validations:
+            ids.append(validations[row.run_id].info.run_id)
+    return ids
+
+
+def print_links(uri: str, experiment_id: str, parent_run_id: str | None = None, report: bool = False,
+                compare: list[str] = ()) -> None:
+    for line in mlflow_links(uri, experiment_id, parent_run_id, report, compare):
         console.print(line, highlight=False, soft_wrap=True)
 
 
@@ -177,12 +194,19 @@ def validate_and_report(uri: str, name: str, top: int, seeds: int, address: str 
         console.print(f"reuse it: nalu-sweep best {name} --format yaml > best.yaml && nalu-sweep run best.yaml",
                       highlight=False)
     console.print(f"report: [bold]{files.html.resolve()}[/]", highlight=False)
-    print_links(uri, files.data.view.experiment_id, files.data.view.run_id, report=True)
+    from service.tracking.queries import latest_validations
+
+    view = files.data.view
+    print_links(uri, view.experiment_id, view.run_id, report=True,
+                compare=compare_ids(view, latest_validations(open_client(uri), view)))
 
 
 def _interval_text(part: dict[str, Any] | None) -> str:
     if not part:
         return "—"
     low, high = part.get("ci_low"), part.get("ci_high")
-    ci = f" [95% CI {low:.2f}–{high:.2f}]" if low is not None and high is not None else ""
+    from service.formatting import fmt_interval
+
+    ci = fmt_interval(low, high, "–")
+    ci = f" [95% CI {ci}]" if ci else ""
     return f"{part['successes']}/{part['n']} seeds{ci}"
