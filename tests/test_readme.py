@@ -46,3 +46,15 @@ def test_what_the_commands_write_is_git_ignored(tmp_path):
     proc = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "--no-index", *written],
                           capture_output=True, text=True, check=False)
     assert sorted(proc.stdout.split()) == sorted(written), proc.stdout + proc.stderr
+
+
+def test_ci_runs_the_readmes_commands_in_a_fresh_venv():
+    """`.ci/run` does what the README tells a new user: a fresh venv, the main job, the tests."""
+    readme = README
+    ci = (ROOT / ".ci" / "run").read_text()
+    for command in ("python3 -m venv .venv", ". .venv/bin/activate", 'pip install -e ".[test]" && python -m pytest -q'):
+        assert command in readme, command
+        assert command in ci, command
+    assert "nalu-sweep sweep search_spaces/smoke.yaml --validate 2" in readme
+    assert "smoke.yaml\" --validate 2" in ci or "smoke.yaml --validate 2" in ci
+    assert ci.index("python3 -m venv") < ci.index(". .venv/bin/activate") < ci.index("pytest")
