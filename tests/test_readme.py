@@ -58,3 +58,41 @@ def test_ci_runs_the_readmes_commands_in_a_fresh_venv():
     assert "nalu-sweep sweep search_spaces/smoke.yaml --validate 2" in readme
     assert "smoke.yaml\" --validate 2" in ci or "smoke.yaml --validate 2" in ci
     assert ci.index("python3 -m venv") < ci.index(". .venv/bin/activate") < ci.index("pytest")
+
+
+def test_the_readme_is_a_front_page():
+    """At most about 250 lines, no dated measurement logs, and every link into the docs
+    points to a page that exists."""
+    lines = README.splitlines()
+    assert len(lines) <= 250, len(lines)
+    assert not re.search(r"\b(at|since|against) commit `?[0-9a-f]{7}", README)  # history is git's
+    assert "Sweep overhead" not in README
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README)
+    assert any(link.startswith("docs/") for link in links)
+    for link in links:
+        if not link.startswith(("http://", "https://")):
+            assert (ROOT / link).is_file(), link
+
+
+def test_the_readme_verdict_follows_the_rule():
+    """The verdict example is what the code would print for its own counts: each interval
+    is the Wilson interval of k/n rounded outwards, and the verdict is the rule's for the
+    validation's lower end."""
+    from service.formatting import fmt_interval
+    from service.scoring.metrics import wilson_interval
+    from service.scoring.verdict import verdict
+
+    said = re.search(r"^Verdict: (.+)$", README, re.M).group(1)
+    rows = dict((part, (int(k), int(n), text)) for part, k, n, text in re.findall(
+        r"^  (search|validation): +(\d+)/(\d+) seeds \[95% CI ([0-9.]+–[0-9.]+)\]", README, re.M))
+    assert set(rows) == {"search", "validation"}
+    for k, n, text in rows.values():
+        assert text == fmt_interval(*wilson_interval(k, n), "–"), (k, n, text)
+    k, n, _ = rows["validation"]
+    assert verdict(wilson_interval(k, n)[0], validated=True).words == said
+
+
+def test_the_readme_names_the_venv_the_main_job_and_a_warm_ray():
+    assert "python3 -m venv .venv && . .venv/bin/activate" in README
+    assert "pip install -e . && nalu-sweep sweep search_spaces/smoke.yaml --validate 2" in README
+    assert "ray start --head" in README
