@@ -52,10 +52,10 @@ def report(
         console.print(line, highlight=False)
     console.print(f"report: [bold]{files.html.resolve()}[/] ({len(files.pngs)} PNGs)", highlight=False)
     if files.logged_to:
-        from service.cli.decision import print_links
+        from service.cli.decision import print_sweep_links
 
         console.print(f"logged to MLflow: {files.logged_to}", highlight=False)
-        print_links(uri, files.data.view.experiment_id, files.data.view.run_id, report=True)
+        print_sweep_links(uri, files.data.view, report=True)
 
 
 @app.command()

@@ -55,6 +55,16 @@ def print_links(uri: str, experiment_id: str, parent_run_id: str | None = None, 
         console.print(line, highlight=False, soft_wrap=True)
 
 
+def print_sweep_links(uri: str, view: Any, report: bool = False, validations: dict[str, Any] | None = None) -> None:
+    """`print_links` for a sweep read back from the store: its top settings compared with
+    their validations (read here unless given), its report when ``report``."""
+    if validations is None:
+        from service.tracking.queries import latest_validations
+
+        validations = latest_validations(open_client(uri), view)
+    print_links(uri, view.experiment_id, view.run_id, report=report, compare=compare_ids(view, validations))
+
+
 def has_report(view: Any) -> bool:
     """Whether `nalu-sweep report` logged a report to the sweep's parent run."""
     from service.tracking.best import TAG_REPORT
@@ -194,11 +204,7 @@ def validate_and_report(uri: str, name: str, top: int, seeds: int, address: str 
         console.print(f"reuse it: nalu-sweep best {name} --format yaml > best.yaml && nalu-sweep run best.yaml",
                       highlight=False)
     console.print(f"report: [bold]{files.html.resolve()}[/]", highlight=False)
-    from service.tracking.queries import latest_validations
-
-    view = files.data.view
-    print_links(uri, view.experiment_id, view.run_id, report=True,
-                compare=compare_ids(view, latest_validations(open_client(uri), view)))
+    print_sweep_links(uri, files.data.view, report=True)
 
 
 def _interval_text(part: dict[str, Any] | None) -> str:

@@ -356,8 +356,7 @@ def best(
     console.print(winner_table(view, include_pruned, validated))
     print_wide(best_table(view, top, include_pruned, width=console.width if console.is_terminal else None,
                           validated=validated))
-    decision.print_links(uri, view.experiment_id, view.run_id, report=decision.has_report(view),
-                         compare=decision.compare_ids(view, validations))
+    decision.print_sweep_links(uri, view, report=decision.has_report(view), validations=validations)
 
 
 @app.command()

@@ -74,6 +74,11 @@ def test_sweep_validate_ends_with_the_verdict_and_links(decided):
                    "nalu-sweep best dec --format yaml"):
         assert needle in text, needle
     assert "#/experiments/" in text and "/runs?workflowType=machine_learning" in text
+    # the answer first, the long table under it; commands and links whole, one line each
+    assert output.index("Verdict:") < output.index("sweep dec: top"), output
+    assert re.search(r"^reuse it: nalu-sweep best dec --format yaml > best\.yaml && nalu-sweep run best\.yaml$",
+                     output, re.M), output
+    assert re.search(r"^top settings in MLflow: http://\S+/#/compare-runs\?runs=\S+$", output, re.M), output
     summary = json.loads((root / "reports" / "dec" / "summary.json").read_text())
     assert summary["best"]["trial"].startswith("trial-") and summary["best"]["params"]
     assert summary["search"]["n"] == 2 and summary["validation"]["n"] == 3
