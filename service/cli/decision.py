@@ -73,17 +73,40 @@ def has_report(view: Any) -> bool:
 
 
 def ui_links(uri: str, base: str) -> list[str]:
-    """One runs-table link per sweep in the store, for ``nalu-sweep ui``."""
+    """One runs-table link per sweep in the store, for ``nalu-sweep ui``; a sweep recorded
+    before its experiment shared the runs table's view gets it now (`share_missing_views`)."""
     from service.endpoints import check_tracking_uri
     from service.tracking import store
     from service.tracking.links import runs_table_url
 
     try:
         check_tracking_uri(uri)  # bounded: a server that does not answer must not hold `ui` in retries
-        experiments = store.retry(lambda: store.client(uri).search_experiments())
+        client = store.client(uri)
+        experiments = store.retry(lambda: client.search_experiments())
     except Exception:  # noqa: BLE001 - the UI still starts; the links are a convenience
         return []
-    return [f"  {e.name}: {runs_table_url(base, e.experiment_id)}" for e in experiments if e.name != "Default"]
+    experiments = [e for e in experiments if e.name != "Default"]
+    share_missing_views(client, experiments)
+    return [f"  {e.name}: {runs_table_url(base, e.experiment_id)}" for e in experiments]
+
+
+def share_missing_views(client: Any, experiments: list[Any]) -> None:
+    """Give each sweep's experiment that lacks it the shared view the links open (sweeps
+    recorded by an earlier version); one that cannot be written is left as it is."""
+    from service.tracking import runs
+    from service.tracking.best import searched_names
+    from service.tracking.links import SHARE_KEY, TAG_SHARED_VIEW, describe_experiment
+
+    for e in experiments:
+        if TAG_SHARED_VIEW + SHARE_KEY in (e.tags or {}):
+            continue
+        try:
+            parent = runs.find_sweep_run(client, e.experiment_id, e.name)
+            if parent is not None:
+                searched = searched_names(dict(parent.data.params)) or []
+                describe_experiment(client, e.experiment_id, e.name, searched)
+        except Exception:  # noqa: BLE001 - a read-only server or user: the links still open the table
+            continue
 
 
 # -- the best trial as a run config ---------------------------------------------------------------------

@@ -96,6 +96,16 @@ def test_an_unreachable_server_is_not_answered_with_every_interface():
     assert "0.0.0.0" not in str(caught.value) and "nalu-sweep ui" in str(caught.value)
 
 
+def _readonly_verbs():
+    """`benchmarks/readonly_verbs.py`: stores recorded as a sweep records them, no training."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import readonly_verbs
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    return readonly_verbs
+
+
 # -- a recorded sweep with one validation ------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def validated_store(tmp_path_factory):
@@ -108,11 +118,7 @@ def validated_store(tmp_path_factory):
     from service.tracking.links import describe_experiment
     from service.tracking.queries import load_sweep
 
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import readonly_verbs
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    readonly_verbs = _readonly_verbs()
     root = tmp_path_factory.mktemp("validated")
     uri = readonly_verbs.build_store(root, "bench", 8)
     client = MlflowClient(uri)
@@ -157,6 +163,22 @@ def test_the_links_name_views_that_answer():
     assert compare.startswith("http://h/#/compare-runs?") and " " not in compare
     query = parse_qs(urlsplit(compare.replace("/#/", "/")).query)
     assert json.loads(query["runs"][0]) == ["a", "b"] and json.loads(query["experiments"][0]) == ["7"]
+
+
+def test_ui_shares_the_view_of_a_sweep_recorded_without_it(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    from service.cli.decision import ui_links
+    from service.tracking.links import SHARE_KEY, TAG_SHARED_VIEW
+
+    readonly_verbs = _readonly_verbs()
+    uri = readonly_verbs.build_store(tmp_path, "old", 2)  # as an earlier version recorded it
+    client = MlflowClient(uri)
+    assert TAG_SHARED_VIEW + SHARE_KEY not in client.get_experiment_by_name("old").tags
+    links = ui_links(uri, "http://127.0.0.1:5000")
+    assert len(links) == 1 and "viewStateShareKey=nalu-sweep" in links[0]
+    state = json.loads(client.get_experiment_by_name("old").tags[TAG_SHARED_VIEW + SHARE_KEY])
+    assert "params.`lr`" in state["selectedColumns"] and "metrics.`success_ci_low`" in state["selectedColumns"]
 
 
 # -- the printed links in a real browser, 1400 px wide ----------------------------------------------------
