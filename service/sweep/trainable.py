@@ -11,7 +11,7 @@ from service.formatting import settings_label
 from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
 from service.sweep.cluster import gpu_ids, node_ip
-from service.sweep.logged_params import regularizer_params
+from service.sweep.logged_params import compile_params, regularizer_params
 from service.sweep.results import (
     DONE,
     OPTUNA_TRIAL,
@@ -62,7 +62,8 @@ def _open_run(settings: TrialSettings, space: SearchSpace, trial_key: str, param
               configs: dict[str, Any] | None, tags: dict[str, str] | None = None) -> runs.TrialRun:
     """Open (or reopen) a trial's MLflow child run, named by its settings, with its searched,
     task and regulariser parameters."""
-    logged = {**params, **settings.task_params, **(regularizer_params(configs) if configs else {})}
+    logged = {**params, **settings.task_params,
+              **({**regularizer_params(configs), **compile_params(configs)} if configs else {})}
     return runs.TrialRun.open(
         settings.tracking_uri, settings.experiment_id, settings.parent_run_id,
         trial_key=trial_key, run_name=settings_label(params, list(space.params)), params=logged,

@@ -55,6 +55,7 @@ def test_smoke_sweep_records_one_parent_and_one_child_per_trial(ray_address):
         assert float(child.data.params["regularizer.lambda_max"]) == float(child.data.params["lambda_max"])
         assert (child.data.params["regularizer.t_start"], child.data.params["regularizer.t_end"]) == ("300", "1200")
         assert child.data.params["regularizer.source"] == "config"
+        assert child.data.params["compile_mode"] == "eager"  # smoke.yaml's short runs, on the CPU
         for key in ("objective", "success_rate", "success_ci_low", "success_ci_high", "diverged",
                     "interpolation_mse_median", "extrapolation_mse_median.extrapolation"):
             assert key in metrics, key
