@@ -1,10 +1,12 @@
-"""The README's examples stay true: its run config validates, CI runs its test command."""
+"""The README is a front page whose examples stay true: its run config validates, its verdict
+follows the rule, its links exist, and CI runs its commands."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from service.config import RunConfig
@@ -74,7 +76,8 @@ def test_the_readme_is_a_front_page():
             assert (ROOT / link).is_file(), link
 
 
-def test_the_readme_verdict_follows_the_rule():
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_the_readme_verdict_follows_the_rule(page):
     """The verdict example is what the code would print for its own counts: each interval
     is the Wilson interval of k/n rounded outwards, and the verdict is the rule's for the
     validation's lower end."""
@@ -82,12 +85,13 @@ def test_the_readme_verdict_follows_the_rule():
     from service.scoring.metrics import wilson_interval
     from service.scoring.verdict import verdict
 
-    said = re.search(r"^Verdict: (.+)$", README, re.M).group(1)
-    rows = dict((part, (int(k), int(n), text)) for part, k, n, text in re.findall(
-        r"^  (search|validation): +(\d+)/(\d+) seeds \[95% CI ([0-9.]+–[0-9.]+)\]", README, re.M))
+    text = (ROOT / page).read_text()
+    said = re.search(r"^Verdict: (.+)$", text, re.M).group(1)
+    rows = dict((part, (int(k), int(n), ci)) for part, k, n, ci in re.findall(
+        r"^  (search|validation): +(\d+)/(\d+) seeds \[95% CI ([0-9.]+–[0-9.]+)\]", text, re.M))
     assert set(rows) == {"search", "validation"}
-    for k, n, text in rows.values():
-        assert text == fmt_interval(*wilson_interval(k, n), "–"), (k, n, text)
+    for k, n, ci in rows.values():
+        assert ci == fmt_interval(*wilson_interval(k, n), "–"), (page, k, n, ci)
     k, n, _ = rows["validation"]
     assert verdict(wilson_interval(k, n)[0], validated=True).words == said
 
