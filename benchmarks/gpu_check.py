@@ -48,6 +48,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 DEFAULT_JSON = RESULTS / "gpu_check.json"
 SCHEMA = 1
 MIN_PART_S = 20.0  # a part is not started with less of the budget left
+TAIL_LINES = 12  # the last lines of a part's output kept in the JSON
 # Python code run in a subprocess: what the machine is (CUDA is not initialised in this process,
 # so that no part shares the GPU with it).
 PROBE = r"""
@@ -188,7 +189,8 @@ def run_part(part: Part, settings: Settings, timeout_s: float, log) -> dict:
             record["figures"] = part.figures(out, scratch)
         except Exception as e:  # noqa: BLE001 - a part's output we cannot read is recorded as such
             record["figures"] = {"error": f"could not read the output: {e!r}"}
-        record["tail"] = out[-2000:]
+        # the last lines, as a list: one row in docs/gen_results.py's tables (the log has all)
+        record["tail"] = [line[-200:] for line in out.rstrip().splitlines()[-TAIL_LINES:]]
     return record
 
 
@@ -399,32 +401,27 @@ def recurrent_figures(out: str, scratch: Path) -> dict:
 
 
 def recurrent_throughput(settings: Settings, scratch: Path) -> list[str] | str:
+    """Both recurrent tasks: on a GPU whole runs of 2,000 steps, cold (compiling) and warm."""
     script = "benchmarks/recurrent_throughput.py"
     if not (ROOT / script).is_file():
         return f"absent ({script})"
     if settings.device != "cpu" and not script_has(script, "--device"):
         return f"{script} has no --device option: it measures the CPU only"
-    seconds = "0.5" if settings.quick else "2"
-    out = []
+    cmds = []
     for task in ("sequence_arithmetic", "sequential_digits"):
-        cmd = [settings.python, script, "--task", task, "--seconds", seconds, "--seeds",
-               "1,10" if settings.quick else "1,10,100"]
+        cmd = [settings.python, script, "--task", task, "--seconds", "0.5" if settings.quick else "2",
+               "--seeds", "1,10" if settings.quick else "16"]
         if script_has(script, "--device"):
             cmd += ["--device", settings.device]
-        out.append(shlex.join(cmd))
-    return ["bash", "-c", " && ".join(out)]
+        if script_has(script, "--json"):
+            cmd += ["--json", str(scratch / f"recurrent-{task}.json")]
+        cmds.append(shlex.join(cmd))
+    return ["bash", "-c", " && ".join(cmds)]
 
 
 def recurrent_throughput_figures(out: str, scratch: Path) -> dict:
-    figures: dict = {}
-    for block in re.split(r"(?=task=)", out)[1:]:
-        task = block.split(maxsplit=1)[0].split("=")[1].strip(",")
-        rows = {s: {"seed_steps_per_s": int(r.replace(",", "")), "x_reference": float(x)}
-                for s, r, x in re.findall(r"^\s*(\d+)\s+([\d,]+)\s+([\d.]+)\s*$", block, re.M)}
-        ref = re.search(r"reference one-seed loop: ([\d,]+) steps/s", block)
-        figures[task] = {"by_seeds": rows} | ({"reference_steps_per_s": int(ref.group(1).replace(",", ""))}
-                                              if ref else {})
-    return figures
+    return {path.stem.removeprefix("recurrent-"): json.loads(path.read_text())["rows"]
+            for path in sorted(scratch.glob("recurrent-*.json"))}
 
 
 def engine_throughput(settings: Settings, scratch: Path) -> list[str] | str:
@@ -455,7 +452,7 @@ PARTS: list[Part] = [
     Part("throughput", "benchmarks/throughput.py at S = 100, 1,000, 10,000 (set-up included)", 110,
          throughput, throughput_figures),
     Part("sweep_trainer", "benchmarks/sweep_throughput.py --level trainer: 8 trials × 16 seeds × 20,000 steps "
-         "packed against one after another (set-up included)", 100, sweep_trainer, json_rows),
+         "packed against one after another, and the next pack of 7 (set-up included)", 150, sweep_trainer, json_rows),
     Part("sweep_pack8", "a real `nalu-sweep sweep`, 8 trials × 16 seeds × 5,000 steps, pack: 8 (one pack on the "
          "GPU)", 120, sweep_part("gpu-check-pack8", 8, 8, 1.0, 1), sweep_figures),
     Part("sweep_quarter_gpu", "a real `nalu-sweep sweep`, 8 trials × 16 seeds × 5,000 steps, unpacked, gpus: "
@@ -464,7 +461,8 @@ PARTS: list[Part] = [
          "nau,lstm (16 seeds), 2,000 steps each", 90, recurrent_runs, recurrent_figures),
     Part("engine_tests", "the device engine's tests (tests/engine/)", 60, engine_tests, junit),
     Part("engine_throughput", "benchmarks/engine_throughput.py", 60, engine_throughput, engine_figures),
-    Part("recurrent_throughput", "benchmarks/recurrent_throughput.py, both recurrent tasks", 60,
+    Part("recurrent_throughput", "benchmarks/recurrent_throughput.py, both recurrent tasks, 16 seeds (on a GPU: "
+         "whole runs of 2,000 steps, cold and warm)", 90,
          recurrent_throughput, recurrent_throughput_figures),
 ]
 
@@ -547,7 +545,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     report = {"schema": SCHEMA, "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "device": a.device, "budget_s": a.budget, "dry_run": a.dry_run,
-              "argv": sys.argv[1:] if argv is None else argv, "machine": {}, "parts": []}
+              "command": shlex.join(["python", "benchmarks/gpu_check.py", *(sys.argv[1:] if argv is None else argv)]),
+              "machine": {}, "parts": []}
     report["machine"] = {"commit": commit()} if a.dry_run else machine(settings.python)
     log(f"gpu_check: {json.dumps(report['machine'])}\n")
     write(report, paths)

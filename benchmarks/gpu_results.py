@@ -38,10 +38,16 @@ def summary(part: dict) -> str:
                 + (f"; {f['trials']} trials ({outcomes}) on {', '.join(f['devices'])}" if "trials" in f else ""))
     if f and all(isinstance(v, dict) and "seed_steps_per_s" in v for v in f.values()):
         return "; ".join(f"{k}: {_n(v['seed_steps_per_s'])} seed·steps/s" for k, v in f.items())
-    if f and all(isinstance(v, dict) and "by_seeds" in v for v in f.values()):
-        return "; ".join(f"{k}: " + ", ".join(f"S={s} {_n(r['seed_steps_per_s'])}" for s, r in v["by_seeds"].items())
-                         for k, v in f.items())
+    if f and all(isinstance(v, list) for v in f.values()):  # recurrent_throughput.py's rows per task
+        return "; ".join(f"{task}: " + ", ".join(_recurrent_row(r) for r in rows) for task, rows in f.items())
     return ""
+
+
+def _recurrent_row(r: dict) -> str:
+    if "warm_seed_steps_per_s" in r:  # whole runs
+        return (f"S={r['seeds']} {_n(r['warm_seed_steps_per_s'])} seed·steps/s warm "
+                f"({_n(r['cold_seed_steps_per_s'])} cold) on {r.get('device', '?')}")
+    return f"S={r['seeds']} {_n(r['seed_steps_per_s'])} seed·steps/s ({r.get('ratio', '?')}× one-seed loop)"
 
 
 def render(report: dict) -> str:

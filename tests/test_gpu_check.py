@@ -103,7 +103,7 @@ def test_a_part_past_its_limit_is_killed_with_its_children(tmp_path):
     record = gpu_check.run_part(part, gpu_check.Settings(device="cpu"), 3.0, lambda text: None)
     assert time.perf_counter() - started < 30
     assert record["status"] == "timeout" and record["timeout_s"] == 3
-    assert "started" in record["tail"]
+    assert record["tail"] == ["started"]
     _gone(int((tmp_path / "child.pid").read_text()))
 
 
@@ -200,10 +200,14 @@ def test_results_render_each_kind_of_part_as_a_table_row():
         {"name": "sweep_pack8", "status": "passed", "wall_s": 50,
          "figures": {"sweep_wall_s": 41.9, "seed_steps_per_s": 1000, "trials": 2, "outcomes": ["completed"] * 2,
                      "devices": ["cuda"]}},
+        {"name": "recurrent_throughput", "status": "passed", "wall_s": 30,
+         "figures": {"sequential_digits": [{"seeds": 16, "warm_seed_steps_per_s": 50000,
+                                            "cold_seed_steps_per_s": 9000, "device": "cuda"}]}},
         {"name": "capture", "status": "skipped: absent"}]}
     table = gpu_results.render(report)
     assert "NVIDIA H100 80GB HBM3" in table and "commit 0123456789ab" in table
     assert "| cuda_tests | failed | 60 | 24 passed, 1 failed, 0 errors, 0 skipped (t::test_x) |" in table
     assert "S = 100: 1,190,000 seed·steps/s" in table and "| 100 | 1,190,000 | 30.1 | 20.5 |" in table
     assert "2 trials (2 completed) on cuda" in table
+    assert "sequential_digits: S=16 50,000 seed·steps/s warm (9,000 cold) on cuda" in table
     assert "| capture | skipped: absent |  |  |" in table
