@@ -121,7 +121,8 @@ def test_a_quarter_gpu_each_packs_four_trials_on_one_gpu(tmp_path):
         assert trial.data.tags[store.TAG_OUTCOME] == "completed", trial.data.tags
         assert trial.data.tags[store.TAG_GPU_IDS] == "0"  # the one GPU, a quarter each
         # device auto: the CPU where torch sees no CUDA; on a GPU machine, the real GPU 0 Ray named
-        assert trial.data.tags[store.TAG_DEVICE] == ("cuda" if torch.cuda.is_available() else "cpu")
+        device = trial.data.tags[store.TAG_DEVICE]
+        assert device.startswith("cuda:") if torch.cuda.is_available() else device == "cpu", device
     spans = sorted((t.info.start_time, t.info.end_time) for t in trials)
     last_start, first_end = max(s for s, _ in spans), min(e for _, e in spans)
     assert last_start < first_end, f"the trials did not all run at once: {spans}"
