@@ -158,6 +158,20 @@ class Trainer(Evaluation):
         # `_GRAPH_STEPS` steps are captured once as one CUDA graph and replayed.
         self.graphed = use_compile and self.device.type == "cuda" and config.cuda_graphs
         self._graph: "torch.cuda.CUDAGraph | None" = None
+        self.engine = None  # `use_engine`: the device engine trains and evaluates instead
+
+    def use_engine(self, notice: Callable[[str], None] = print, **options) -> bool:
+        """Train and evaluate on the device engine (`service.engine`: fused Triton kernels)
+        where it covers this run; otherwise stay on the torch path, saying why in one line
+        through ``notice``. Returns whether the engine is used."""
+        from service.engine.engine import Engine, unavailable_reason
+
+        reason = unavailable_reason(self)
+        if reason is not None:
+            notice(f"engine: {reason}; training on the torch path")
+            return False
+        self.engine = Engine(self, **options)
+        return True
 
     def _compile_pays_off(self) -> bool:
         """Whether ``compile="auto"`` compiles: always on a GPU; on a CPU when the time it
@@ -273,6 +287,10 @@ class Trainer(Evaluation):
     def train_steps(self, n: int) -> None:
         """``n`` training steps; the same trajectory as ``n`` calls of `train_step`, in
         replays of one captured CUDA graph where `graphed`."""
+        if self.engine is not None:
+            self.engine.train(n, self.step)
+            self.step += n
+            return
         end = self.step + n
         if self.graphed and n >= _GRAPH_STEPS:
             warm = 0
@@ -331,11 +349,15 @@ class Trainer(Evaluation):
     def checkpoint(self, elapsed_s: float = 0.0) -> TrainerCheckpoint:
         """A frozen copy (on the CPU) of everything the next step depends on
         (`service.training.checkpoint.take_checkpoint`)."""
+        if self.engine is not None:
+            self.engine.write_back()
         return take_checkpoint(self, elapsed_s)
 
     def load_checkpoint(self, ckpt: TrainerCheckpoint) -> None:
         """Continue from ``ckpt`` (`service.training.checkpoint.restore_checkpoint`)."""
         restore_checkpoint(self, ckpt)
+        if self.engine is not None:
+            self.engine.reload()
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, on_eval: Callable[[EvalReport], None] | None = None, *,

@@ -1,0 +1,161 @@
+"""The device engine (`service.engine`) against the torch path: throughput and outcomes.
+
+``rate`` (default): seed·steps/s of NAU → NMU on the papers' arithmetic task (100 inputs,
+mul, batch 128) at the papers' evaluation cadence (every 1,000 steps, 10,000 interpolation
+and 10,000 extrapolation samples), for each S of ``--seeds``, on the engine and on the torch
+path (compiled, CUDA graphs on a GPU; `benchmarks/throughput.py`'s measurement). Targets on
+one H100/H200: >= 10 M seed·steps/s at S = 100, >= 20 M at S >= 1,000.
+
+``outcomes``: ``--seeds`` seeds per model trained for ``--steps`` steps on ``--task`` on
+each path of ``--paths``, and per model the agreement: seeds with the same outcome (success
+or not) on both paths, and each path's success rate with the torch path's 95% interval. The
+torch path's outcomes can come from an earlier run (``--torch-json``), e.g. on a CPU.
+
+  python benchmarks/engine_throughput.py rate --device cuda --seeds 100,1000,10000 --seconds 3 --json out.json
+  python benchmarks/engine_throughput.py outcomes --device cuda --task small_mul --seeds 100 --steps 20000 \\
+      --paths engine --torch-json torch_outcomes.json --json outcomes.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import throughput  # noqa: E402  (the torch path's measurement, shared)
+
+from service.config import RunConfig  # noqa: E402
+from service.training import Trainer  # noqa: E402
+
+MODELS = {  # name: layers (`outcomes`)
+    "nmu": ["nau", "nmu"], "nac_mul": ["nac_add", "nac_mul"], "nau": ["nau", "nau"],
+    "nac_add": ["nac_add", "nac_add"], "linear": ["linear", "linear"],
+}
+AGREEMENT = 0.95  # NMU: share of seeds with the same outcome on both paths
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def engine_rate(seeds: int, seconds: float, device: str, warps: int, rows: int) -> tuple[float, float]:
+    """(seed·steps/s, set-up seconds incl. the kernels' compilation) of the engine, an
+    evaluation every 1,000 steps as `Trainer.run` does."""
+    t0 = time.perf_counter()
+    throughput.DEVICE = device
+    trainer = Trainer(throughput.config(seeds, "off"))
+    if not trainer.use_engine(num_warps=warps, rows_per_chunk=rows):
+        raise SystemExit("the engine is not available here")
+    trainer.train_steps(1000)
+    trainer.evaluate()
+    _sync(device)
+    setup = time.perf_counter() - t0
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or n == 0:
+        trainer.evaluate()
+        trainer.train_steps(1000)
+        n += 1000
+        _sync(device)
+    return n * seeds / (time.perf_counter() - start), setup
+
+
+def rate(args: argparse.Namespace) -> dict:
+    rows = []
+    for s in map(int, args.seeds.split(",")):
+        for path in args.paths.split(","):
+            if path == "engine":
+                r, setup = engine_rate(s, args.seconds, args.device, args.warps, args.rows)
+            else:
+                throughput.DEVICE = args.device
+                r, setup = throughput.batched(s, args.seconds, "on", True)
+            rows.append({"path": path, "seeds": s, "seed_steps_per_s": r, "setup_s": setup})
+            print(f"{path:>6} S={s:>6}: {r / 1e6:8.2f} M seed·steps/s (set-up {setup:.1f} s)", flush=True)
+    return {"kind": "rate", "rows": rows}
+
+
+def outcome_config(task: str, layers: list[str], seeds: int, steps: int, device: str) -> RunConfig:
+    task_cfg = {"kind": "small_mul"} if task == "small_mul" else {"kind": "arithmetic", "operation": "mul"}
+    return RunConfig.model_validate({
+        "task": task_cfg, "model": {"layers": [{"unit": u} for u in layers]},
+        "train": {"steps": steps, "eval_every": 1000}, "seeds": seeds, "device": device,
+        "compile": "auto",
+    })
+
+
+def run_outcomes(args: argparse.Namespace, path: str) -> dict[str, dict]:
+    out = {}
+    for name in args.models.split(","):
+        config = outcome_config(args.task, MODELS[name], args.seeds, args.steps, args.device)
+        trainer = Trainer(config)
+        if path == "engine" and not trainer.use_engine():
+            continue
+        t0 = time.perf_counter()
+        result = trainer.run()
+        agg = result.aggregate
+        out[name] = {"success": [bool(s.success) for s in result.seeds], "successes": agg.successes,
+                     "ci": [agg.success_ci_low, agg.success_ci_high], "seconds": time.perf_counter() - t0}
+        print(f"{path:>6} {name:>8}: {agg.successes}/{args.seeds} solved "
+              f"(95% CI {agg.success_ci_low:.2f}-{agg.success_ci_high:.2f}), {time.perf_counter() - t0:.1f} s",
+              flush=True)
+    return out
+
+
+def outcomes(args: argparse.Namespace) -> dict:
+    paths = {p: run_outcomes(args, p) for p in args.paths.split(",")}
+    if args.torch_json:
+        paths["torch"] = json.loads(Path(args.torch_json).read_text())["paths"]["torch"]
+    checks = {}
+    if "engine" in paths and "torch" in paths:
+        for name, eng in paths["engine"].items():
+            ref = paths["torch"].get(name)
+            if ref is None:
+                continue
+            same = sum(a == b for a, b in zip(eng["success"], ref["success"]))
+            rate_e = eng["successes"] / len(eng["success"])
+            inside = ref["ci"][0] <= rate_e <= ref["ci"][1]
+            checks[name] = {"same_outcome": same, "of": len(eng["success"]), "engine_rate_inside_torch_ci": inside}
+            ok = inside and (name != "nmu" or same >= AGREEMENT * len(eng["success"]))
+            print(f"{name:>8}: same outcome for {same}/{len(eng['success'])} seeds; engine rate "
+                  f"{rate_e:.2f} {'inside' if inside else 'OUTSIDE'} the torch interval -> {'ok' if ok else 'FAIL'}")
+    return {"kind": "outcomes", "task": args.task, "steps": args.steps, "seeds": args.seeds,
+            "paths": paths, "checks": checks}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", nargs="?", default="rate", choices=["rate", "outcomes"])
+    p.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
+    p.add_argument("--seeds", default=None, help="rate: S values (default 100,1000); outcomes: seeds per model (100)")
+    p.add_argument("--seconds", type=float, default=3.0, help="rate: timed seconds per measurement")
+    p.add_argument("--paths", default="engine,torch", help="engine, torch or both")
+    p.add_argument("--warps", type=int, default=4, help="engine: warps per program")
+    p.add_argument("--rows", type=int, default=32, help="engine: batch rows per chunk")
+    p.add_argument("--task", default="small_mul", choices=["small_mul", "arithmetic"])
+    p.add_argument("--models", default="nmu,nac_mul,nau,nac_add,linear")
+    p.add_argument("--steps", type=int, default=20_000)
+    p.add_argument("--torch-json", default=None, help="outcomes: the torch path's from an earlier --json")
+    p.add_argument("--json", default=None, help="write the results here")
+    args = p.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
+    if args.seeds is None:
+        args.seeds = "100,1000" if args.what == "rate" else "100"
+    if args.what == "outcomes":
+        args.seeds = int(args.seeds)
+    where = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
+    print(f"machine: {where}, torch {torch.__version__}, device={args.device}")
+    data = rate(args) if args.what == "rate" else outcomes(args)
+    data.update(machine=where, torch=torch.__version__, device=args.device)
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1))
+
+
+if __name__ == "__main__":
+    main()
