@@ -28,30 +28,30 @@ from service.engine.philox import draw_rows
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 # unit codes (`service.engine.coverage.UNIT_CODES` maps the registry's names onto them)
-LINEAR: tl.constexpr = 0
-NAU: tl.constexpr = 1
-NAC_ADD: tl.constexpr = 2
-REG_LINEAR: tl.constexpr = 3
-NMU: tl.constexpr = 4
-NAC_MUL: tl.constexpr = 5
+LINEAR = tl.constexpr(0)
+NAU = tl.constexpr(1)
+NAC_ADD = tl.constexpr(2)
+REG_LINEAR = tl.constexpr(3)
+NMU = tl.constexpr(4)
+NAC_MUL = tl.constexpr(5)
 
 SLOTS = 6  # per layer: parameter a, parameter b, Adam m and v of a, of b
 HYPER = 8  # per seed: λ_max, t_start, t_end − t_start, 1 − β1, β2, 1 − β2, ε, (unused)
 
 
-if INTERPRETED:  # the interpreter has no libdevice: numpy's functions through tl.math
+if INTERPRETED:  # no libdevice here: float64 numpy rounded once (the CPU's correctly rounded values)
     @triton.jit
     def _exp(x):
-        return tl.exp(x)
+        return tl.exp(x.to(tl.float64)).to(tl.float32)
 
     @triton.jit
     def _log(x):
-        return tl.log(x)
+        return tl.log(x.to(tl.float64)).to(tl.float32)
 
     @triton.jit
     def _tanh(x):
-        e = tl.exp(-2.0 * tl.abs(x))
-        return tl.where(x < 0, -1.0, 1.0) * tl.div_rn(1.0 - e, 1.0 + e)
+        e = tl.exp(-2.0 * tl.abs(x.to(tl.float64)))
+        return (tl.where(x < 0, -1.0, 1.0) * ((1.0 - e) / (1.0 + e))).to(tl.float32)
 else:  # CUDA's expf, logf, tanhf: the functions torch's CUDA kernels call
     @triton.jit
     def _exp(x):
