@@ -70,13 +70,18 @@ def rate(args: argparse.Namespace) -> dict:
     rows = []
     for s in map(int, args.seeds.split(",")):
         for path in args.paths.split(","):
-            if path == "engine":
-                r, setup = engine_rate(s, args.seconds, args.device, args.warps, args.rows)
-            else:
-                throughput.DEVICE = args.device
-                r, setup = throughput.batched(s, args.seconds, "on", True)
-            rows.append({"path": path, "seeds": s, "seed_steps_per_s": r, "setup_s": setup})
-            print(f"{path:>6} S={s:>6}: {r / 1e6:8.2f} M seed·steps/s (set-up {setup:.1f} s)", flush=True)
+            variants = ([(int(w), int(r)) for w in args.warps.split(",") for r in args.rows.split(",")]
+                        if path == "engine" else [(None, None)])
+            for warps, chunk in variants:
+                if path == "engine":
+                    r, setup = engine_rate(s, args.seconds, args.device, warps, chunk)
+                else:
+                    throughput.DEVICE = args.device
+                    r, setup = throughput.batched(s, args.seconds, "on", True)
+                rows.append({"path": path, "seeds": s, "warps": warps, "rows_per_chunk": chunk,
+                             "seed_steps_per_s": r, "setup_s": setup})
+                tag = f" (warps {warps}, rows {chunk})" if warps else ""
+                print(f"{path:>6} S={s:>6}: {r / 1e6:8.2f} M seed·steps/s, set-up {setup:.1f} s{tag}", flush=True)
     return {"kind": "rate", "rows": rows}
 
 
@@ -94,7 +99,8 @@ def run_outcomes(args: argparse.Namespace, path: str) -> dict[str, dict]:
     for name in args.models.split(","):
         config = outcome_config(args.task, MODELS[name], args.seeds, args.steps, args.device)
         trainer = Trainer(config)
-        if path == "engine" and not trainer.use_engine():
+        if path == "engine" and not trainer.use_engine(num_warps=int(args.warps.split(",")[0]),
+                                                       rows_per_chunk=int(args.rows.split(",")[0])):
             continue
         t0 = time.perf_counter()
         result = trainer.run()
@@ -135,8 +141,8 @@ def main() -> None:
     p.add_argument("--seeds", default=None, help="rate: S values (default 100,1000); outcomes: seeds per model (100)")
     p.add_argument("--seconds", type=float, default=3.0, help="rate: timed seconds per measurement")
     p.add_argument("--paths", default="engine,torch", help="engine, torch or both")
-    p.add_argument("--warps", type=int, default=4, help="engine: warps per program")
-    p.add_argument("--rows", type=int, default=32, help="engine: batch rows per chunk")
+    p.add_argument("--warps", default="4", help="engine: warps per program (rate: a list to compare)")
+    p.add_argument("--rows", default="32", help="engine: batch rows per chunk of a step (rate: a list)")
     p.add_argument("--task", default="small_mul", choices=["small_mul", "arithmetic"])
     p.add_argument("--models", default="nmu,nac_mul,nau,nac_add,linear")
     p.add_argument("--steps", type=int, default=20_000)
