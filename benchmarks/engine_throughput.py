@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import throughput  # noqa: E402  (the torch path's measurement, shared)
 
 from service.config import RunConfig  # noqa: E402
+from service.engine import attach  # noqa: E402
 from service.training import Trainer  # noqa: E402
 
 MODELS = {  # name: layers (`outcomes`)
@@ -51,7 +52,7 @@ def engine_rate(seeds: int, seconds: float, device: str, warps: int, rows: int) 
     t0 = time.perf_counter()
     throughput.DEVICE = device
     trainer = Trainer(throughput.config(seeds, "off"))
-    if not trainer.use_engine(num_warps=warps, rows_per_chunk=rows):
+    if not attach(trainer, num_warps=warps, rows_per_chunk=rows):
         raise SystemExit("the engine is not available here")
     trainer.train_steps(1000)
     trainer.evaluate()
@@ -99,8 +100,8 @@ def run_outcomes(args: argparse.Namespace, path: str) -> dict[str, dict]:
     for name in args.models.split(","):
         config = outcome_config(args.task, MODELS[name], args.seeds, args.steps, args.device)
         trainer = Trainer(config)
-        if path == "engine" and not trainer.use_engine(num_warps=int(args.warps.split(",")[0]),
-                                                       rows_per_chunk=int(args.rows.split(",")[0])):
+        if path == "engine" and not attach(trainer, num_warps=int(args.warps.split(",")[0]),
+                                           rows_per_chunk=int(args.rows.split(",")[0])):
             continue
         t0 = time.perf_counter()
         result = trainer.run()

@@ -3,10 +3,11 @@
 `coverage` says which runs it trains (pure configuration check), `philox` draws the data
 streams bit for bit, `kernels` hold the training and evaluation kernels, `layout` moves
 state between the trainer and the kernels, `engine.Engine` drives them. A run the engine
-does not cover trains on the torch path (`Trainer.use_engine` prints a one-line notice).
+does not cover trains on the torch path (`attach` prints a one-line notice).
 See docs/engine.md.
 """
 
 from service.engine.coverage import engine_gap, pack_gap
+from service.engine.engine import attach
 
-__all__ = ["engine_gap", "pack_gap"]
+__all__ = ["attach", "engine_gap", "pack_gap"]

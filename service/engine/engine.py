@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
@@ -60,6 +60,18 @@ def unavailable_reason(trainer: "Trainer") -> str | None:
     return None if gap is None else f"the engine does not cover {gap}"
 
 
+def attach(trainer: "Trainer", notice: Callable[[str], None] = print, **options) -> bool:
+    """Let the device engine train and evaluate ``trainer``'s run where it covers it
+    (``trainer.engine``); otherwise the run stays on the torch path, and ``notice`` gets one
+    line saying why. ``options``: `Engine`'s. Returns whether the engine is used."""
+    reason = unavailable_reason(trainer)
+    if reason is not None:
+        notice(f"engine: {reason}; training on the torch path")
+        return False
+    trainer.engine = Engine(trainer, **options)
+    return True
+
+
 class Engine:
     """Trains and evaluates ``trainer``'s seeds on the device engine."""
 
@@ -95,8 +107,9 @@ class Engine:
     def num_seeds(self) -> int:
         return self.trainer.num_seeds
 
-    def train(self, n: int, step0: int) -> None:
-        """``n`` training steps from ``step0`` (launches of at most `STEPS_PER_LAUNCH`)."""
+    def train(self, n: int, step0: int) -> int:
+        """``n`` training steps from ``step0`` (launches of at most `STEPS_PER_LAUNCH`);
+        returns the step reached."""
         st, done = self.state, 0
         while done < n:
             k = min(STEPS_PER_LAUNCH, n - done)
@@ -105,6 +118,7 @@ class Engine:
                 st.table.shape[1], step0 + done, k, self.range[0], self.range[1], self.eps2,
                 **self.consts, num_warps=self.num_warps, enable_fp_fusion=False)
             done += k
+        return step0 + n
 
     def mse(self, name: str) -> Tensor:
         """Per-seed MSE ``[S]`` (float64) on the evaluation set ``name``."""

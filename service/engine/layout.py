@@ -132,10 +132,25 @@ def write_back(state: EngineState, trainer: "Trainer", optimizer: bool = True) -
     trainer.alive.copy_(state.flags[:, 0] != 0)
     trainer.diverged_at.copy_(state.flags[:, 1])
     if optimizer:
-        done = state.opt_steps - opt.steps  # steps the engine took since the optimiser's count
-        for k in range(int(done.max()) if done.numel() else 0):
-            opt.powers.copy_(torch.where(done > k, opt.powers * opt._betas, opt.powers))
+        opt.powers.copy_(advanced_powers(trainer, (state.opt_steps - opt.steps).cpu()))
         opt.steps.copy_(state.opt_steps)
+
+
+def advanced_powers(trainer: "Trainer", done: Tensor) -> Tensor:
+    """The optimiser's running ``[β1^t, β2^t]`` (float64) after each seed's ``done`` more
+    steps: the same products, one multiplication a step, as `BatchedOptimizer.step` makes."""
+    powers = trainer.optimizer.powers.cpu().clone()
+    betas = trainer.settings.per_seed(lambda m: m.train.optimizer.betas)
+    cache: dict[tuple, tuple[float, float]] = {}
+    for s, n in enumerate(done.tolist()):
+        key = (float(powers[0, s]), float(powers[1, s]), *map(float, betas[s]), n)
+        if key not in cache:
+            p1, p2, b1, b2, _ = key
+            for _ in range(n):
+                p1, p2 = p1 * b1, p2 * b2
+            cache[key] = (p1, p2)
+        powers[0, s], powers[1, s] = cache[key]
+    return powers.to(trainer.optimizer.powers.device)
 
 
 def unit_codes(trainer: "Trainer") -> tuple[int, int]:

@@ -36,6 +36,7 @@ from service.training.checkpoint import (
     restore_checkpoint,
     take_checkpoint,
 )
+from service.training.device import resolve_device
 from service.training.evaluation import EvalReport, Evaluation
 from service.training.model import BatchedModel, build_model
 from service.training.optimizers import BatchedOptimizer
@@ -54,15 +55,6 @@ def _isfinite(t: Tensor) -> Tensor:
     if torch.compiler.is_compiling():
         return torch.isfinite(t)
     return (t - t) == 0
-
-
-def resolve_device(name: str) -> torch.device:
-    """``cpu``, or ``cuda:<index>`` (in a Ray trial ``cuda:0``, its GPU: Ray sets CUDA_VISIBLE_DEVICES)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for, but torch sees no CUDA device; use --device cpu or auto")
-    return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device(name)
 
 
 class Trainer(Evaluation):
@@ -158,20 +150,7 @@ class Trainer(Evaluation):
         # `_GRAPH_STEPS` steps are captured once as one CUDA graph and replayed.
         self.graphed = use_compile and self.device.type == "cuda" and config.cuda_graphs
         self._graph: "torch.cuda.CUDAGraph | None" = None
-        self.engine = None  # `use_engine`: the device engine trains and evaluates instead
-
-    def use_engine(self, notice: Callable[[str], None] = print, **options) -> bool:
-        """Train and evaluate on the device engine (`service.engine`: fused Triton kernels)
-        where it covers this run; otherwise stay on the torch path, saying why in one line
-        through ``notice``. Returns whether the engine is used."""
-        from service.engine.engine import Engine, unavailable_reason
-
-        reason = unavailable_reason(self)
-        if reason is not None:
-            notice(f"engine: {reason}; training on the torch path")
-            return False
-        self.engine = Engine(self, **options)
-        return True
+        self.engine = None  # `service.engine.attach`: the device engine trains and evaluates instead
 
     def _compile_pays_off(self) -> bool:
         """Whether ``compile="auto"`` compiles: always on a GPU; on a CPU when the time it
@@ -288,8 +267,7 @@ class Trainer(Evaluation):
         """``n`` training steps; the same trajectory as ``n`` calls of `train_step`, in
         replays of one captured CUDA graph where `graphed`."""
         if self.engine is not None:
-            self.engine.train(n, self.step)
-            self.step += n
+            self.step = self.engine.train(n, self.step)
             return
         end = self.step + n
         if self.graphed and n >= _GRAPH_STEPS:

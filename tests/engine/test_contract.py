@@ -15,6 +15,7 @@ import torch
 pytest.importorskip("triton", reason="the engine needs Triton (pip install 'nalu-sweep[engine]')")
 
 from service.config import RunConfig  # noqa: E402
+from service.engine import attach  # noqa: E402
 from service.training import Trainer  # noqa: E402
 
 ADD = {"kind": "arithmetic", "operation": "add", "input_size": 8}
@@ -36,7 +37,7 @@ def config(model: str, device: str, seeds: int = 2, **over) -> RunConfig:
 
 def engine_trainer(cfg: RunConfig, members=None) -> Trainer:
     trainer = Trainer(cfg, members=members)
-    assert trainer.use_engine(notice=pytest.fail, rows_per_chunk=ROWS)
+    assert attach(trainer, notice=pytest.fail, rows_per_chunk=ROWS)
     return trainer
 
 

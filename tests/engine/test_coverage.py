@@ -3,7 +3,7 @@
 import pytest
 
 from service.config import RunConfig
-from service.engine import engine_gap
+from service.engine import attach, engine_gap
 from service.training import Trainer
 
 
@@ -47,6 +47,6 @@ def test_other_tasks_and_widths_are_not_covered() -> None:
 def test_an_uncovered_run_stays_on_the_torch_path_with_a_one_line_notice() -> None:
     trainer = Trainer(config({"kind": "small_mul"}, ["nalu", "nalu"]))
     lines: list[str] = []
-    assert trainer.use_engine(notice=lines.append) is False
+    assert attach(trainer, notice=lines.append) is False
     assert trainer.engine is None
     assert len(lines) == 1 and "\n" not in lines[0] and "torch path" in lines[0]
