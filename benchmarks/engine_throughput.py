@@ -46,39 +46,45 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def engine_rate(seeds: int, seconds: float, device: str, warps: int, rows: int) -> tuple[float, float]:
-    """(seed·steps/s, set-up seconds incl. the kernels' compilation) of the engine, an
-    evaluation every 1,000 steps as `Trainer.run` does."""
+def engine_rates(seeds: int, seconds: float, device: str, variants: list[tuple[int, int]]) -> list[tuple[float, float]]:
+    """Per (warps, rows per chunk): (seed·steps/s, set-up seconds incl. compiling the
+    kernels) of the engine on one trainer, an evaluation every 1,000 steps as `Trainer.run`
+    does."""
     t0 = time.perf_counter()
     throughput.DEVICE = device
     trainer = Trainer(throughput.config(seeds, "off"))
-    if not attach(trainer, num_warps=warps, rows_per_chunk=rows):
-        raise SystemExit("the engine is not available here")
-    trainer.train_steps(1000)
-    trainer.evaluate()
-    _sync(device)
-    setup = time.perf_counter() - t0
-    n, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds or n == 0:
-        trainer.evaluate()
+    built = time.perf_counter() - t0
+    out = []
+    for warps, rows in variants:
+        t0 = time.perf_counter()
+        if not attach(trainer, num_warps=warps, rows_per_chunk=rows):
+            raise SystemExit("the engine is not available here")
         trainer.train_steps(1000)
-        n += 1000
+        trainer.evaluate()
         _sync(device)
-    return n * seeds / (time.perf_counter() - start), setup
+        setup = time.perf_counter() - t0 + built
+        n, start = 0, time.perf_counter()
+        while time.perf_counter() - start < seconds or n == 0:
+            trainer.evaluate()
+            trainer.train_steps(1000)
+            n += 1000
+            _sync(device)
+        out.append((n * seeds / (time.perf_counter() - start), setup))
+        trainer.engine.write_back()
+    return out
 
 
 def rate(args: argparse.Namespace) -> dict:
     rows = []
     for s in map(int, args.seeds.split(",")):
         for path in args.paths.split(","):
-            variants = ([(int(w), int(r)) for w in args.warps.split(",") for r in args.rows.split(",")]
-                        if path == "engine" else [(None, None)])
-            for warps, chunk in variants:
-                if path == "engine":
-                    r, setup = engine_rate(s, args.seconds, args.device, warps, chunk)
-                else:
-                    throughput.DEVICE = args.device
-                    r, setup = throughput.batched(s, args.seconds, "on", True)
+            if path == "engine":
+                variants = [(int(w), int(r)) for w in args.warps.split(",") for r in args.rows.split(",")]
+                measured = engine_rates(s, args.seconds, args.device, variants)
+            else:
+                throughput.DEVICE = args.device
+                variants, measured = [(None, None)], [throughput.batched(s, args.seconds, "on", True)]
+            for (warps, chunk), (r, setup) in zip(variants, measured):
                 rows.append({"path": path, "seeds": s, "warps": warps, "rows_per_chunk": chunk,
                              "seed_steps_per_s": r, "setup_s": setup})
                 tag = f" (warps {warps}, rows {chunk})" if warps else ""
