@@ -8,6 +8,6 @@ See docs/engine.md.
 """
 
 from service.engine.coverage import engine_gap, pack_gap
-from service.engine.engine import attach
+from service.engine.engine import attach, attach_on_gpu
 
-__all__ = ["attach", "engine_gap", "pack_gap"]
+__all__ = ["attach", "attach_on_gpu", "engine_gap", "pack_gap"]

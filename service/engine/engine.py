@@ -72,6 +72,14 @@ def attach(trainer: "Trainer", notice: Callable[[str], None] = print, **options)
     return True
 
 
+def attach_on_gpu(trainer: "Trainer", notice: Callable[[str], None] = print) -> bool:
+    """A sweep's trial or pack: `attach` when the run trains on a GPU, unless the environment
+    sets ``NALU_SWEEP_ENGINE=0`` (then, as on a CPU, the torch path, silently)."""
+    if trainer.device.type != "cuda" or os.environ.get("NALU_SWEEP_ENGINE", "1") == "0":
+        return False
+    return attach(trainer, notice)
+
+
 class Engine:
     """Trains and evaluates ``trainer``'s seeds on the device engine."""
 

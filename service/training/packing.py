@@ -101,8 +101,11 @@ class _Repack(Exception):
 class PackedTrainer:
     """Trains the members ``configs`` (one structure: `check_pack`) as one seed batch."""
 
-    def __init__(self, configs: Sequence[RunConfig]) -> None:
+    def __init__(self, configs: Sequence[RunConfig], prepare: Callable[[Trainer], object] | None = None) -> None:
+        """``prepare``: called with each `Trainer` built for the pack (e.g. to attach the
+        device engine, `service.engine.attach_on_gpu`), before it trains."""
         self.configs = tuple(configs)
+        self.prepare = prepare
         check_pack(self.configs)
         self.active: list[int] = list(range(len(self.configs)))
         self._dropping: set[int] = set()
@@ -126,6 +129,8 @@ class PackedTrainer:
         while self.active:
             members = [self.configs[i] for i in self.active]
             self.trainer = Trainer(members[0], members=members)
+            if self.prepare is not None:
+                self.prepare(self.trainer)
             try:
                 result_all = self.trainer.run(self._listener(on_eval), resume_from=start,
                                               checkpoint_every=checkpoint_every)

@@ -50,3 +50,23 @@ def test_an_uncovered_run_stays_on_the_torch_path_with_a_one_line_notice() -> No
     assert attach(trainer, notice=lines.append) is False
     assert trainer.engine is None
     assert len(lines) == 1 and "\n" not in lines[0] and "torch path" in lines[0]
+
+
+def test_sweeps_use_the_engine_on_a_gpu_only(monkeypatch) -> None:
+    from service.engine import attach_on_gpu
+
+    lines: list[str] = []
+    assert attach_on_gpu(Trainer(config({"kind": "small_mul"})), notice=lines.append) is False
+    assert lines == []  # a CPU run is the torch path's without a word
+    monkeypatch.setenv("NALU_SWEEP_ENGINE", "0")
+    gpu = config({"kind": "small_mul"}).model_copy(update={"device": "auto"})
+    assert attach_on_gpu(Trainer(gpu), notice=lines.append) is False and lines == []
+
+
+def test_a_pack_prepares_each_trainer_it_builds() -> None:
+    from service.training.packing import PackedTrainer
+
+    members = [config({"kind": "small_mul"}), config({"kind": "small_mul"}).model_copy(update={"seed_offset": 2})]
+    seen: list[Trainer] = []
+    PackedTrainer(members, prepare=seen.append).run()
+    assert len(seen) == 1 and seen[0].num_seeds == 4
