@@ -46,10 +46,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def engine_rates(seeds: int, seconds: float, device: str, variants: list[tuple[int, int]]) -> list[tuple[float, float]]:
+def engine_rates(seeds: int, seconds: float, device: str,
+                 variants: list[tuple[int, int]]) -> list[tuple[float, float, float]]:
     """Per (warps, rows per chunk): (seed·steps/s, set-up seconds incl. compiling the
-    kernels) of the engine on one trainer, an evaluation every 1,000 steps as `Trainer.run`
-    does."""
+    kernels, share of the time spent evaluating) of the engine on one trainer, an
+    evaluation every 1,000 steps as `Trainer.run` does."""
     t0 = time.perf_counter()
     throughput.DEVICE = device
     trainer = Trainer(throughput.config(seeds, "off"))
@@ -63,13 +64,17 @@ def engine_rates(seeds: int, seconds: float, device: str, variants: list[tuple[i
         trainer.evaluate()
         _sync(device)
         setup = time.perf_counter() - t0 + built
-        n, start = 0, time.perf_counter()
+        n, evaluating, start = 0, 0.0, time.perf_counter()
         while time.perf_counter() - start < seconds or n == 0:
+            t1 = time.perf_counter()
             trainer.evaluate()
+            _sync(device)
+            evaluating += time.perf_counter() - t1
             trainer.train_steps(1000)
             n += 1000
             _sync(device)
-        out.append((n * seeds / (time.perf_counter() - start), setup))
+        elapsed = time.perf_counter() - start
+        out.append((n * seeds / elapsed, setup, evaluating / elapsed))
         trainer.engine.write_back()
     return out
 
@@ -83,11 +88,11 @@ def rate(args: argparse.Namespace) -> dict:
                 measured = engine_rates(s, args.seconds, args.device, variants)
             else:
                 throughput.DEVICE = args.device
-                variants, measured = [(None, None)], [throughput.batched(s, args.seconds, "on", True)]
-            for (warps, chunk), (r, setup) in zip(variants, measured):
+                variants, measured = [(None, None)], [(*throughput.batched(s, args.seconds, "on", True), None)]
+            for (warps, chunk), (r, setup, eval_share) in zip(variants, measured):
                 rows.append({"path": path, "seeds": s, "warps": warps, "rows_per_chunk": chunk,
-                             "seed_steps_per_s": r, "setup_s": setup})
-                tag = f" (warps {warps}, rows {chunk})" if warps else ""
+                             "seed_steps_per_s": r, "setup_s": setup, "evaluation_share": eval_share})
+                tag = f" (warps {warps}, rows {chunk}, evaluating {eval_share:.0%})" if warps else ""
                 print(f"{path:>6} S={s:>6}: {r / 1e6:8.2f} M seed·steps/s, set-up {setup:.1f} s{tag}", flush=True)
     return {"kind": "rate", "rows": rows}
 

@@ -41,7 +41,8 @@ def triton_available() -> bool:
 
 
 def _kernels(device: torch.device):
-    """The kernels module; on a CPU with Triton not yet imported, its interpreter."""
+    """The kernels module; for a CPU run, compiled for Triton's interpreter when they are
+    first imported."""
     if device.type == "cpu" and "service.engine.philox" not in sys.modules:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -65,11 +66,14 @@ def attach(trainer: "Trainer", notice: Callable[[str], None] = print, **options)
     (``trainer.engine``); otherwise the run stays on the torch path, and ``notice`` gets one
     line saying why. ``options``: `Engine`'s. Returns whether the engine is used."""
     reason = unavailable_reason(trainer)
-    if reason is not None:
-        notice(f"engine: {reason}; training on the torch path")
-        return False
-    trainer.engine = Engine(trainer, **options)
-    return True
+    if reason is None:
+        try:
+            trainer.engine = Engine(trainer, **options)
+            return True
+        except EngineUnavailable as e:
+            reason = str(e)
+    notice(f"engine: {reason}; training on the torch path")
+    return False
 
 
 def attach_on_gpu(trainer: "Trainer", notice: Callable[[str], None] = print) -> bool:
