@@ -6,14 +6,16 @@ and 10,000 extrapolation samples), for each S of ``--seeds``, on the engine and 
 path (compiled, CUDA graphs on a GPU; `benchmarks/throughput.py`'s measurement). Targets on
 one H100/H200: >= 10 M seed·steps/s at S = 100, >= 20 M at S >= 1,000.
 
-``outcomes``: ``--seeds`` seeds per model trained for ``--steps`` steps on ``--task`` on
-each path of ``--paths``, and per model the agreement: seeds with the same outcome (success
-or not) on both paths, and each path's success rate with the torch path's 95% interval. The
-torch path's outcomes can come from an earlier run (``--torch-json``), e.g. on a CPU.
+``outcomes``: ``--seeds`` seeds per model of a `benchmarks/reproduce.py` protocol
+(``--task``: its settings, the regulariser's warm-up scaled to ``--steps``) trained on each
+path of ``--paths``, and per model the agreement: seeds with the same outcome (success or
+not) on both paths, and the engine's success rate against the torch path's 95% interval
+(NMU: the same outcome for >= 95% of the seeds). The torch path's outcomes can come from an
+earlier run (``--torch-json``).
 
   python benchmarks/engine_throughput.py rate --device cuda --seeds 100,1000,10000 --seconds 3 --json out.json
-  python benchmarks/engine_throughput.py outcomes --device cuda --task small_mul --seeds 100 --steps 20000 \\
-      --paths engine --torch-json torch_outcomes.json --json outcomes.json
+  python benchmarks/engine_throughput.py outcomes --device cuda --task small_mul --seeds 100 --steps 50000 \\
+      --models NMU,NAC•,Linear --json outcomes.json
 """
 
 from __future__ import annotations
@@ -28,16 +30,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import reproduce  # noqa: E402  (the papers' protocols: every setting written out)
 import throughput  # noqa: E402  (the torch path's measurement, shared)
 
-from service.config import RunConfig  # noqa: E402
 from service.engine import attach  # noqa: E402
 from service.training import Trainer  # noqa: E402
 
-MODELS = {  # name: layers (`outcomes`)
-    "nmu": ["nau", "nmu"], "nac_mul": ["nac_add", "nac_mul"], "nau": ["nau", "nau"],
-    "nac_add": ["nac_add", "nac_add"], "linear": ["linear", "linear"],
-}
 AGREEMENT = 0.95  # NMU: share of seeds with the same outcome on both paths
 
 
@@ -97,19 +95,14 @@ def rate(args: argparse.Namespace) -> dict:
     return {"kind": "rate", "rows": rows}
 
 
-def outcome_config(task: str, layers: list[str], seeds: int, steps: int, device: str) -> RunConfig:
-    task_cfg = {"kind": "small_mul"} if task == "small_mul" else {"kind": "arithmetic", "operation": "mul"}
-    return RunConfig.model_validate({
-        "task": task_cfg, "model": {"layers": [{"unit": u} for u in layers]},
-        "train": {"steps": steps, "eval_every": 1000}, "seeds": seeds, "device": device,
-        "compile": "auto",
-    })
-
-
 def run_outcomes(args: argparse.Namespace, path: str) -> dict[str, dict]:
     out = {}
+    protocol = reproduce.PROTOCOLS[args.task]
+    models = {m.name: m for m in protocol.models}
     for name in args.models.split(","):
-        config = outcome_config(args.task, MODELS[name], args.seeds, args.steps, args.device)
+        if name not in models:
+            raise SystemExit(f"--models: {name!r} is not a model of the {args.task} protocol: {sorted(models)}")
+        config = reproduce.run_config(protocol, args.operation, models[name], args.seeds, args.steps, args.device)
         trainer = Trainer(config)
         if path == "engine" and not attach(trainer, num_warps=int(args.warps.split(",")[0]),
                                            rows_per_chunk=int(args.rows.split(",")[0])):
@@ -135,14 +128,18 @@ def outcomes(args: argparse.Namespace) -> dict:
             ref = paths["torch"].get(name)
             if ref is None:
                 continue
+            if len(ref["success"]) != len(eng["success"]):
+                raise SystemExit(f"{name}: {len(ref['success'])} torch-path seeds against {len(eng['success'])}")
             same = sum(a == b for a, b in zip(eng["success"], ref["success"]))
             rate_e = eng["successes"] / len(eng["success"])
             inside = ref["ci"][0] <= rate_e <= ref["ci"][1]
-            checks[name] = {"same_outcome": same, "of": len(eng["success"]), "engine_rate_inside_torch_ci": inside}
-            ok = inside and (name != "nmu" or same >= AGREEMENT * len(eng["success"]))
+            ok = inside and (name != "NMU" or same >= AGREEMENT * len(eng["success"]))
+            checks[name] = {"same_outcome": same, "of": len(eng["success"]), "engine_rate_inside_torch_ci": inside,
+                            "ok": ok}
             print(f"{name:>8}: same outcome for {same}/{len(eng['success'])} seeds; engine rate "
                   f"{rate_e:.2f} {'inside' if inside else 'OUTSIDE'} the torch interval -> {'ok' if ok else 'FAIL'}")
-    return {"kind": "outcomes", "task": args.task, "steps": args.steps, "seeds": args.seeds,
+    return {"kind": "outcomes", "task": args.task, "operation": args.operation, "steps": args.steps,
+            "seeds": args.seeds,
             "paths": paths, "checks": checks}
 
 
@@ -155,9 +152,12 @@ def main() -> None:
     p.add_argument("--paths", default="engine,torch", help="engine, torch or both")
     p.add_argument("--warps", default="4", help="engine: warps per program (rate: a list to compare)")
     p.add_argument("--rows", default="32", help="engine: batch rows per chunk of a step (rate: a list)")
-    p.add_argument("--task", default="small_mul", choices=["small_mul", "arithmetic"])
-    p.add_argument("--models", default="nmu,nac_mul,nau,nac_add,linear")
-    p.add_argument("--steps", type=int, default=20_000)
+    p.add_argument("--task", default="small_mul", choices=sorted(reproduce.PROTOCOLS),
+                   help="outcomes: the protocol of benchmarks/reproduce.py whose settings are used")
+    p.add_argument("--operation", default="mul", help="outcomes, arithmetic: the operation")
+    p.add_argument("--models", default="NMU,NAC•,Linear", help="outcomes: the protocol's model names")
+    p.add_argument("--steps", type=int, default=50_000,
+                   help="outcomes: steps (the protocol's regulariser warm-up scaled to them)")
     p.add_argument("--torch-json", default=None, help="outcomes: the torch path's from an earlier --json")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args()
@@ -173,6 +173,8 @@ def main() -> None:
     data.update(machine=where, torch=torch.__version__, device=args.device)
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=1))
+    if not all(c["ok"] for c in data.get("checks", {}).values()):
+        raise SystemExit("the engine's outcomes differ from the torch path's (see above)")
 
 
 if __name__ == "__main__":
