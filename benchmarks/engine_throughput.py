@@ -36,6 +36,7 @@ import throughput  # noqa: E402  (the torch path's measurement, shared)
 from service.engine import attach  # noqa: E402
 from service.training import Trainer  # noqa: E402
 
+TABLE_1 = 7 * 4 * 100 * 5_000_000  # seed·steps of the NAU paper's Table 1 (models × ops × seeds × steps)
 AGREEMENT = 0.95  # NMU: share of seeds with the same outcome on both paths
 
 
@@ -89,9 +90,11 @@ def rate(args: argparse.Namespace) -> dict:
                 variants, measured = [(None, None)], [(*throughput.batched(s, args.seconds, "on", True), None)]
             for (warps, chunk), (r, setup, eval_share) in zip(variants, measured):
                 rows.append({"path": path, "seeds": s, "warps": warps, "rows_per_chunk": chunk,
-                             "seed_steps_per_s": r, "setup_s": setup, "evaluation_share": eval_share})
+                             "seed_steps_per_s": r, "setup_s": setup, "evaluation_share": eval_share,
+                             "table_1_minutes_at_this_rate": TABLE_1 / r / 60})
                 tag = f" (warps {warps}, rows {chunk}, evaluating {eval_share:.0%})" if warps else ""
-                print(f"{path:>6} S={s:>6}: {r / 1e6:8.2f} M seed·steps/s, set-up {setup:.1f} s{tag}", flush=True)
+                print(f"{path:>6} S={s:>6}: {r / 1e6:8.2f} M seed·steps/s, set-up {setup:.1f} s{tag}; "
+                      f"Table 1 at this rate: {TABLE_1 / r / 60:,.1f} min", flush=True)
     return {"kind": "rate", "rows": rows}
 
 
