@@ -2,7 +2,7 @@
 with this project's trainer and metrics, and print it beside the published one.
 
     python benchmarks/reproduce.py PROTOCOL [--seeds 100] [--device cpu|cuda|auto]
-                                            [--steps N] [--out DIR] [--models A,B]
+                                            [--steps N] [--out DIR] [--models A,B] [--engine]
 
 PROTOCOL is one of:
 
@@ -53,6 +53,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.config import RunConfig  # noqa: E402
+from service.engine import attach  # noqa: E402
 from service.training import Trainer  # noqa: E402
 from service.training.checkpoint import CheckpointError, TrainerCheckpoint  # noqa: E402
 
@@ -254,6 +255,7 @@ def run_cell(protocol: Protocol, op: str, model: Model, args: argparse.Namespace
         print(f"  {op} {model.name}: not available ({type(e).__name__}: {reason})", flush=True)
         return {"row": {**base, "success [95% CI]": "not available"}, "status": "not available",
                 "reason": f"{type(e).__name__}: {reason}", "layers": model.layers}
+    engine = getattr(args, "engine", False) and attach(trainer, notice=lambda line: print(f"  {op} {model.name}: {line}"))
     resume = None
     if checkpoint is not None and getattr(args, "resume", False) and checkpoint.exists():
         try:
@@ -281,11 +283,13 @@ def run_cell(protocol: Protocol, op: str, model: Model, args: argparse.Namespace
     agg = result.aggregate.model_dump(mode="json")
     rate = (config.train.steps - (resume.step if resume else 0)) * config.seeds / max(elapsed, 1e-9)  # this process's
     print(f"  {op} {model.name}: {agg['successes']}/{agg['n_seeds']} solved, {elapsed:.0f} s "
-          f"({rate:,.0f} seed·steps/s, {'compiled' if result.compiled else 'eager'})", flush=True)
+          f"({rate:,.0f} seed·steps/s, {'engine' if engine else 'compiled' if result.compiled else 'eager'})",
+          flush=True)
     return {
         "row": {**base, **cells(agg)}, "status": "ok", "layers": model.layers,
         "config": config.model_dump(mode="json"), "thresholds": result.thresholds,
         "aggregate": agg, "elapsed_s": elapsed, "device": result.device, "compiled": result.compiled,
+        "engine": bool(engine),
         "seeds": [{k: v for k, v in s.model_dump(mode="json").items()
                    if k in ("seed", "success", "best_step", "solved_at", "interpolation_mse",
                             "extrapolation_mse", "sparsity_error", "final_sparsity_error", "diverged")}
@@ -315,6 +319,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Protocol, li
     parser.add_argument("--resume", action="store_true",
                         help="keep the cells already finished under DIR/cells and continue the "
                              "others from their checkpoints (same seeds and length)")
+    parser.add_argument("--engine", action="store_true",
+                        help="train the cells the device engine covers on it (service.engine: a GPU "
+                             "with Triton; docs/engine.md); the others on the torch path")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # a --jobs child: one cell into OUT
     args = parser.parse_args(argv)
     protocol = PROTOCOLS[args.protocol]
@@ -385,6 +392,7 @@ def run_in_processes(protocol: Protocol, todo: list[tuple[str, Model]],
                    "--models", m.name, "--seeds", str(args.seeds), "--steps", str(args.steps),
                    "--device", args.device, "--out", str(cell_dir(args.out, op, m)),
                    "--checkpoint-every", str(args.checkpoint_every), "--child"] + (["--resume"] if args.resume else [])
+            cmd += ["--engine"] if args.engine else []
             running.append((op, m, subprocess.Popen(cmd)))
         time.sleep(0.2)
         for entry in [r for r in running if r[2].poll() is not None]:

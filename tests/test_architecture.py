@@ -21,6 +21,7 @@ LAYERS: list[set[str]] = [
     {"config", "pack_structure"},
     {"scoring"},
     {"training"},
+    {"engine"},
     {"search"},
     {"tracking"},
     {"sweep"},

@@ -48,7 +48,7 @@ def compile_params(configs: dict[str, RunConfig]) -> dict[str, Any]:
     """The mode each task of the trial trains in, ``compiled`` or ``eager``, as ``compile``
     resolves it on this worker's device (`service.training.trainer.compile_mode`), logged
     as ``compile_mode`` (``compile_mode.<task>`` for several tasks)."""
-    from service.training.trainer import compile_mode
+    from service.training.device import compile_mode
 
     out: dict[str, Any] = {}
     for name, config in configs.items():

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from service.config import RunConfig
+from service.engine import attach_on_gpu
 from service.scoring.objective import OBJECTIVE
 from service.search.space import SearchSpace
 from service.sweep.results import DONE, MEMBERS, PRUNED, RUNNING, STATE, STEP
@@ -146,7 +147,7 @@ def run_pack(
         live = [m for m in members if m.state == RUNNING]
         if index < start or not live:
             continue
-        trainer = PackedTrainer([m.configs[task] for m in live])
+        trainer = PackedTrainer([m.configs[task] for m in live], prepare=attach_on_gpu)
         if index == start:  # where it trains: a GPU share Ray gave the pack is cuda:0
             device = str(resolve_device(live[0].configs[task].device))
             for m in live:

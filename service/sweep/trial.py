@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from service.config import RunConfig
+from service.engine import attach_on_gpu
 from service.formatting import fmt_interval, fmt_param
 from service.scoring.combine import combine_tasks
 from service.scoring.metrics import AggregateMetrics, aggregate, per_seed_metrics
@@ -150,6 +151,7 @@ def run_trial(
         if index < start:
             continue
         trainer = Trainer(config)
+        attach_on_gpu(trainer)  # on a GPU the device engine trains the runs it covers
         if tracker is not None and index == start:  # where it trains: a GPU share Ray gave it is cuda:0
             tracker.set_tags({TAG_DEVICE: str(trainer.device)})
         offset = index * space.steps

@@ -76,8 +76,11 @@ class Evaluation:
 
     def evaluate(self) -> None:
         self._steps.append(self.step)
+        engine = getattr(self, "engine", None)
+        if engine is not None:  # its weights and masks, for the sparsity and divergence checks
+            engine.write_back(optimizer=False)
         for name, (x, y) in self.eval_sets.items():
-            mse = self._mse(x, y)
+            mse = self._mse(x, y) if engine is None else engine.mse(name)
             if name == "interpolation":
                 self._interp.append(mse)
             else:

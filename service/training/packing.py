@@ -33,7 +33,8 @@ from service.scoring.metrics import AggregateMetrics, aggregate, per_seed_metric
 from service.training.checkpoint import TrainerCheckpoint, config_fingerprint, pack_fingerprint
 from service.training.evaluation import EvalReport
 from service.training.result import RunResult
-from service.training.trainer import Trainer, compile_mode
+from service.training.device import compile_mode
+from service.training.trainer import Trainer
 
 __all__ = ["MemberEval", "PackedTrainer", "merge_checkpoints", "padding_members", "seed_bucket", "split_checkpoint"]
 
@@ -139,8 +140,11 @@ class _Repack(Exception):
 class PackedTrainer:
     """Trains the members ``configs`` (one structure: `check_pack`) as one seed batch."""
 
-    def __init__(self, configs: Sequence[RunConfig]) -> None:
+    def __init__(self, configs: Sequence[RunConfig], prepare: Callable[[Trainer], object] | None = None) -> None:
+        """``prepare``: called with each `Trainer` built for the pack (e.g. to attach the
+        device engine, `service.engine.attach_on_gpu`), before it trains."""
         self.configs = tuple(configs)
+        self.prepare = prepare
         check_pack(self.configs)
         self.active: list[int] = list(range(len(self.configs)))
         self._dropping: set[int] = set()
@@ -173,6 +177,8 @@ class PackedTrainer:
             if self.trainer is not None:
                 self.trainer.release_graph()  # destroyed now, never inside another capture
             self.trainer = Trainer(members[0], members=members + self.padding)
+            if self.prepare is not None:
+                self.prepare(self.trainer)
             try:
                 result_all = self.trainer.run(self._listener(on_eval), resume_from=start,
                                               checkpoint_every=checkpoint_every)

@@ -25,7 +25,8 @@ from torch import Tensor
 
 from service.config import RunConfig
 from service.tasks import SequenceSet, SequenceTask
-from service.training.trainer import Trainer, compile_pays_off
+from service.training.device import compile_pays_off
+from service.training.trainer import Trainer
 from service.units.base import ForwardContext
 from service.units.schedule import RegularizerSchedule
 

@@ -16,12 +16,10 @@ is one graph. ~1.1 ms per step compiled, ~2.2 ms eager.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import time
 import warnings
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -38,21 +36,18 @@ from service.training.checkpoint import (
     restore_checkpoint,
     take_checkpoint,
 )
+from service.training.device import (
+    compile_pays_off,
+    resolve_device,
+)
 from service.training.evaluation import EvalReport, Evaluation
+from service.training.graphs import GRAPH_STEPS, CapturedSteps
 from service.training.model import BatchedModel, build_model
 from service.training.optimizers import BatchedOptimizer
 from service.training.result import RunResult
 from service.training.seed_settings import SeedSchedule, SeedSettings
 from service.units.base import ForwardContext
 
-CPU_COMPILE_FROM_STEPS = 20_000
-"""``compile: auto`` on a CPU compiles runs of at least this many steps. Compiling costs
-~10 s cold and saves ~0.8 ms per step plus ~5 µs per seed (one thread, NAU → NMU, 100
-inputs): from 20,000 steps it pays for one seed and twice over for 100. The number of
-seeds is deliberately not part of the decision: compiled and eager steps round
-differently, so a seed must not change mode with its batch mates (a seed is a seed)."""
-_GRAPH_STEPS = 50  # steps per captured CUDA graph
-_GRAPH_WARMUP = 3  # steps run (compiled, uncaptured) before the capture
 
 
 def _isfinite(t: Tensor) -> Tensor:
@@ -63,57 +58,7 @@ def _isfinite(t: Tensor) -> Tensor:
     return (t - t) == 0
 
 
-@contextlib.contextmanager
-def collection_paused() -> Iterator[None]:
-    """No automatic garbage collection until the block ends (a CUDA graph capture: a
-    collection inside it could run a dead trainer's finalisers, which call CUDA). Garbage
-    left from before is collected after the block, as usual."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-_CAPTURE_STREAMS: dict[torch.device, "torch.cuda.Stream"] = {}
-
-
-def capture_stream(device: torch.device) -> "torch.cuda.Stream":
-    """The side stream every CUDA graph on ``device`` is warmed up and captured on (one
-    per device, so its lazy set-up happens once)."""
-    if device not in _CAPTURE_STREAMS:
-        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
-    return _CAPTURE_STREAMS[device]
-
-
-def resolve_device(name: str) -> torch.device:
-    """``cpu``, or ``cuda:<index>`` (in a Ray trial ``cuda:0``, its GPU: Ray sets CUDA_VISIBLE_DEVICES)."""
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for, but torch sees no CUDA device; use --device cpu or auto")
-    return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device(name)
-
-
-def compile_pays_off(device: torch.device, steps: int, recurrent: bool = False) -> bool:
-    """``compile: auto``'s decision: always on a GPU; on a CPU for runs of at least
-    `CPU_COMPILE_FROM_STEPS` steps, never for a recurrent task (its eager step is a few
-    small operations per position). Nothing else enters it (not the seeds, not packing)."""
-    return device.type == "cuda" or (not recurrent and steps >= CPU_COMPILE_FROM_STEPS)
-
-
-def compile_mode(config: RunConfig) -> str:
-    """``"compiled"`` or ``"eager"``: the mode a run of ``config`` trains in (before any
-    fallback to eager when compiling fails; `RunResult.compiled` records the outcome)."""
-    if config.compile != "auto":
-        return "compiled" if config.compile == "on" else "eager"
-    recurrent = getattr(config.task, "recurrent", False)
-    return "compiled" if compile_pays_off(resolve_device(config.device), config.train.steps, recurrent) else "eager"
-
-
-class Trainer(Evaluation):
+class Trainer(Evaluation, CapturedSteps):
     """Trains ``config.seeds`` seeds of one configuration as one batched computation."""
 
     def __new__(cls, config: RunConfig, *args, **kwargs):
@@ -201,9 +146,10 @@ class Trainer(Evaluation):
         self.compiled = use_compile
         self._compile_pending = use_compile
         # On a GPU a compiled step costs less than its launch overhead: runs of
-        # `_GRAPH_STEPS` steps are captured once as one CUDA graph and replayed.
+        # `GRAPH_STEPS` steps are captured once as one CUDA graph and replayed.
         self.graphed = use_compile and self.device.type == "cuda" and config.cuda_graphs
         self._graph: "torch.cuda.CUDAGraph | None" = None
+        self.engine = None  # `service.engine.attach`: the device engine trains and evaluates instead
 
     def _compile_pays_off(self) -> bool:
         """Whether ``compile="auto"`` compiles: from the device and the run's length only
@@ -314,66 +260,19 @@ class Trainer(Evaluation):
     def train_steps(self, n: int) -> None:
         """``n`` training steps; the same trajectory as ``n`` calls of `train_step`, in
         replays of one captured CUDA graph where `graphed`."""
+        if self.engine is not None:
+            self.step = self.engine.train(n, self.step)
+            return
         end = self.step + n
-        if self.graphed and n >= _GRAPH_STEPS and self._graph is None:
+        if self.graphed and n >= GRAPH_STEPS and self._graph is None:
             self._warm_up_and_capture(end)
         if self._graph is not None:
-            while end - self.step >= _GRAPH_STEPS:
+            while end - self.step >= GRAPH_STEPS:
                 self.step_t.fill_(self.step)
                 self._graph.replay()
-                self.step += _GRAPH_STEPS
+                self.step += GRAPH_STEPS
         while self.step < end:
             self.train_step()
-
-    def _warm_up_and_capture(self, end: int) -> None:
-        """`_GRAPH_WARMUP` steps (the first compiles) then the capture, both on the side
-        stream the graph is captured on (CUDA's documented recipe: lazy per-stream set-up,
-        cuBLAS workspaces among them, happens in the warm-up, not inside the capture)."""
-        stream = capture_stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(_GRAPH_WARMUP):
-                if self.step >= end:
-                    break
-                self.train_step()
-            if self.compiled:
-                try:
-                    self._capture_graph(stream)
-                except RuntimeError as e:  # recording runs nothing: the state is as before
-                    warnings.warn(f"CUDA graph capture failed ({str(e)[:200]}); training step by step",
-                                  RuntimeWarning)
-                    self.graphed = False
-            else:  # compiling failed ("auto" fell back to eager): step by step from now on
-                self.graphed = False
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-
-    def _capture_graph(self, stream: "torch.cuda.Stream") -> None:
-        """Record `_GRAPH_STEPS` steps, the step counter advanced on the device between
-        them, as one CUDA graph (recording runs nothing). It leaves ``step_t`` at the last
-        step's index, as `train_step` does. Reads and writes the trainer's own tensors in
-        place, so it stays valid across re-initialisation and checkpoint loading.
-
-        Nothing else may call CUDA while the capture runs, or the capture is invalidated
-        (``cudaErrorStreamCaptureInvalidated``, issue 35): no garbage is collected during
-        it (a dead trainer — trainers are reference cycles, freed by the cycle collector
-        at whichever allocation triggers it — destroys its CUDA graph, ``cudaGraphExecDestroy``,
-        and its memory when collected), and the capture mode is
-        ``thread_local``, so another thread's CUDA calls (a listener, a tracking thread)
-        cannot invalidate it."""
-        with collection_paused():
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-                for i in range(_GRAPH_STEPS):
-                    if i:
-                        self.step_t.add_(1)
-                    self._step(self.step_t)
-        self._graph = graph
-
-    def release_graph(self) -> None:
-        """Destroy the captured CUDA graph now (between captures: a trainer that is done
-        with, e.g. a pack being rebuilt); the next `train_steps` captures again."""
-        self._graph = None
 
     # -- evaluation and re-initialisation ----------------------------------------------------
     def _diverged(self) -> Tensor:
@@ -404,11 +303,15 @@ class Trainer(Evaluation):
     def checkpoint(self, elapsed_s: float = 0.0) -> TrainerCheckpoint:
         """A frozen copy (on the CPU) of everything the next step depends on
         (`service.training.checkpoint.take_checkpoint`)."""
+        if self.engine is not None:
+            self.engine.write_back()
         return take_checkpoint(self, elapsed_s)
 
     def load_checkpoint(self, ckpt: TrainerCheckpoint) -> None:
         """Continue from ``ckpt`` (`service.training.checkpoint.restore_checkpoint`)."""
         restore_checkpoint(self, ckpt)
+        if self.engine is not None:
+            self.engine.reload()
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self, on_eval: Callable[[EvalReport], None] | None = None, *,

@@ -75,7 +75,7 @@ def test_best_fits_a_narrow_terminal(bench_store, monkeypatch, width):
 
 
 def test_best_drops_a_column_no_row_has_a_value_in(bench_store, monkeypatch):
-    from service.cli.sweep import best_table
+    from service.cli.tables import best_table
     from service.tracking.queries import load_sweep
     from service.tracking.store import client, default_tracking_uri
 

@@ -13,7 +13,7 @@ from service.config import RunConfig
 from service.pack_structure import check_pack
 from service.training import Trainer
 from service.training.packing import PackedTrainer
-from service.training.trainer import CPU_COMPILE_FROM_STEPS, compile_mode, compile_pays_off
+from service.training.device import CPU_COMPILE_FROM_STEPS, compile_mode, compile_pays_off
 
 
 def _issue_config(steps: int, seeds: int, seed_offset: int = 0, **extra) -> RunConfig:
@@ -99,7 +99,7 @@ def test_seed_7_alone_and_among_64_with_default_flags_at_25000_steps():
 def test_collection_is_paused_for_a_capture():
     """A CUDA graph capture runs with automatic garbage collection off (a collection could
     free a dead trainer's graph inside it, issue 35) and restores the setting after."""
-    from service.training.trainer import collection_paused
+    from service.training.graphs import collection_paused
 
     assert gc.isenabled()
     with collection_paused():

@@ -21,7 +21,8 @@ import torch
 
 from service.config import RunConfig
 from service.training.packing import PackedTrainer
-from service.training.trainer import Trainer, capture_stream
+from service.training.graphs import capture_stream
+from service.training.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device")
 

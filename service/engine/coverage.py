@@ -1,0 +1,67 @@
+"""Which runs the device engine trains: a pure check of the run configuration (no torch, no
+Triton), so a sweep can decide before it builds anything.
+
+Covered: the static tasks ``arithmetic`` (every operation) and ``small_mul`` on one
+interpolation interval; the papers' two-layer model ``I → 2 → 1`` with a first layer
+``linear``, ``reg_linear``, ``nau`` or ``nac_add`` and a second of those or ``nmu`` or
+``nac_mul``; Adam at a constant learning rate, the MSE loss, no clipping, no
+re-initialisation, per-seed batches, float32, a linear or constant λ(t) with no
+out-of-bounds penalty. Anything else trains on the torch path (`engine_gap` says why).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from service.config import RunConfig
+
+UNIT_CODES = {"linear": 0, "nau": 1, "nac_add": 2, "reg_linear": 3, "nmu": 4, "nac_mul": 5}
+"""The engine's code of each unit it covers (`service.engine.kernels`)."""
+FIRST_LAYER = ("linear", "reg_linear", "nau", "nac_add")
+SECOND_LAYER = ("linear", "reg_linear", "nau", "nac_add", "nmu", "nac_mul")
+TASKS = ("arithmetic", "small_mul")
+
+
+def engine_gap(config: RunConfig) -> str | None:
+    """None when the engine covers ``config``; otherwise the first reason it does not, as a
+    short phrase ("the unit nalu", "clip mode norm")."""
+    task, t = config.task, config.train
+    if task.kind not in TASKS:
+        return f"the task {task.kind}"
+    if len(task.interpolation.intervals) != 1:
+        return "an interpolation range of several intervals"
+    layers = config.layers()
+    if len(layers) != 2 or config.model.hidden_size != 2 or task.output_size != 1:
+        return "a model other than two layers I -> 2 -> 1"
+    if layers[0].unit not in FIRST_LAYER:
+        return f"the unit {layers[0].unit} as first layer"
+    if layers[1].unit not in SECOND_LAYER:
+        return f"the unit {layers[1].unit} as second layer"
+    checks = [
+        (t.optimizer.name != "adam", f"the optimiser {t.optimizer.name}"),
+        (t.optimizer.lr_schedule != "constant", f"the learning-rate schedule {t.optimizer.lr_schedule}"),
+        (t.loss != "mse", f"the loss {t.loss}"),
+        (t.clip.mode != "none", f"clip mode {t.clip.mode}"),
+        (t.reinit.enabled, "re-initialisation"),
+        (t.shared_batch, "a shared batch"),
+        (config.dtype != "float32", f"dtype {config.dtype}"),
+    ]
+    for failing, reason in checks:
+        if failing:
+            return reason
+    schedule = config.regularizer()
+    if schedule.shape not in ("linear", "constant"):
+        return f"the {schedule.shape} regulariser schedule"
+    if schedule.oob > 0:
+        return "the out-of-bounds penalty"
+    return None
+
+
+def pack_gap(members: "tuple[RunConfig, ...] | list[RunConfig]") -> str | None:
+    """`engine_gap` over the members of a pack (each must be covered)."""
+    for m in members:
+        gap = engine_gap(m)
+        if gap is not None:
+            return gap
+    return None
