@@ -1,6 +1,6 @@
 """A sweep's driver never loads torch: it checks every trial's run config, groups packs and
 follows the trials, but only the workers train. Importing torch costs about 1.3 s of a
-sweep's fixed cost on a 2-core machine (README, "Sweep overhead"). Nor do its trial workers
+sweep's fixed cost on a 2-core machine (docs/performance.md). Nor do its trial workers
 load Optuna, which only the driver's searcher uses (0.2 s of every worker's start), and
 with the embedded store no process but the driver loads MLflow (`driver_tracking`). The
 workers' plots are drawn by their plotting processes (`plot_server`). With no Ray running,
