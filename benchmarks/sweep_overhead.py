@@ -25,7 +25,7 @@ earlier sweep). The warm cluster is this benchmark's own: started in a temp dire
 own (``RAY_TMPDIR``), found only by the sweeps given it, and stopped by killing its own
 process group; its processes' CPU time during a sweep counts as the sweep's.
 
-`--baseline REV` measures an earlier revision of this repository the same way, alternating
+`--baseline REV` (one or more times) measures an earlier revision of this repository the same way, alternating
 with the working tree in each repetition (its tree exported with `git archive`), so that a
 figure can be read against the code it is compared with on the same machine in the same
 hour: this machine's speed drifts by more than some changes.
@@ -256,7 +256,7 @@ def report(m: dict[str, float], n: int, mode: str) -> None:
 
 def export(rev: str, into: Path) -> Path:
     """The tree of revision ``rev`` of this repository, written under ``into``."""
-    tree = into / "baseline"
+    tree = into / f"baseline-{rev}"
     tree.mkdir()
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=False, capture_output=True)
     if archive.returncode != 0:
@@ -300,15 +300,15 @@ def main() -> None:
                         help="repetitions of the whole measurement; with more than one, each is printed and then "
                              "the median of each figure (on a noisy machine one repetition's fixed cost can be off "
                              "by several seconds: it is the difference of two sweeps)")
-    parser.add_argument("--baseline", metavar="REV",
+    parser.add_argument("--baseline", metavar="REV", action="append",
                         help="also measure this git revision (e.g. e2743e8, when this benchmark was added), "
                              "alternating with the working tree; it must take the same `sweep` and `run` commands")
     args = parser.parse_args()
     n = max(2, min(args.trials, len(LRS)))
     with tempfile.TemporaryDirectory(prefix="nalu-sweep-baseline-") as tmp:
         trees = {"": REPO}
-        if args.baseline:
-            trees = {f"{args.baseline}: ": export(args.baseline, Path(tmp)), "working tree: ": REPO}
+        if args.baseline:  # each REV given, then the working tree
+            trees = {**{f"{rev}: ": export(rev, Path(tmp)) for rev in args.baseline}, "working tree: ": REPO}
         reps: dict[tuple[str, str], list[dict]] = {(label, mode): [] for label in trees for mode in ("cold", "warm")}
         for r in range(max(1, args.repeat)):
             for label, code in trees.items():
