@@ -75,7 +75,8 @@ CPU: dict[str, float] = {}  # CPU seconds of each command's process tree, in cal
 
 
 def process_group(pgid: int | None) -> list:
-    """The processes of process group ``pgid`` (a warm cluster's); none for None."""
+    """The processes of process group ``pgid`` (a warm cluster's: its GCS and raylet; not
+    the raylet's workers, which start sessions of their own); none for None."""
     import psutil
 
     if pgid is None:
@@ -93,7 +94,7 @@ def process_group(pgid: int | None) -> list:
 def _tree_cpu(proc: subprocess.Popen, cluster: int | None = None) -> float:
     """Wait for ``proc``, sampling the CPU time of it and every descendant (Ray's GCS,
     raylet and workers included) every 0.2 s, and of the warm cluster's process group
-    ``cluster`` (its raylet and workers: not the sweep's descendants); returns the CPU each
+    ``cluster`` and its descendants (its raylet and workers: not the sweep's); returns the CPU each
     spent meanwhile (its last sample less its first, for a process running before).
     CPU seconds are what a busy shared machine inflates far less than wall time."""
     import psutil
@@ -102,8 +103,17 @@ def _tree_cpu(proc: subprocess.Popen, cluster: int | None = None) -> float:
         t = p.cpu_times()
         return t.user + t.system
 
+    def cluster_procs() -> list:
+        found = []
+        for p in process_group(cluster):
+            try:
+                found += [p, *p.children(recursive=True)]
+            except psutil.Error:
+                pass
+        return found
+
     before: dict[int, float] = {}
-    for p in process_group(cluster):
+    for p in cluster_procs():
         try:
             before[p.pid] = cpu(p)
         except psutil.Error:
@@ -112,9 +122,9 @@ def _tree_cpu(proc: subprocess.Popen, cluster: int | None = None) -> float:
     root = psutil.Process(proc.pid)
     while proc.poll() is None:
         try:
-            procs = [root, *root.children(recursive=True), *process_group(cluster)]
+            procs = [root, *root.children(recursive=True), *cluster_procs()]
         except psutil.Error:
-            procs = process_group(cluster)
+            procs = cluster_procs()
         for p in procs:
             try:
                 seen[p.pid] = cpu(p)
@@ -137,7 +147,12 @@ def timed(cmd: list[str], cwd: Path, code: Path, env: dict[str, str] | None = No
     out: list[str] = []
     reader = threading.Thread(target=lambda: out.append(proc.stdout.read()), daemon=True)
     reader.start()
-    cpu = _tree_cpu(proc, cluster)
+    try:
+        cpu = _tree_cpu(proc, cluster)
+    except BaseException:  # interrupted: the command does not outlive the benchmark
+        proc.send_signal(signal.SIGINT)
+        proc.wait()
+        raise
     wall = time.perf_counter() - start
     reader.join()
     if proc.returncode != 0:
