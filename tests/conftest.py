@@ -22,6 +22,14 @@ if "NALU_SWEEP_SPOOL_DIR" not in os.environ:
     os.environ["NALU_SWEEP_SPOOL_DIR"] = tempfile.mkdtemp(prefix="nalu-sweep-spool-")
     atexit.register(shutil.rmtree, os.environ["NALU_SWEEP_SPOOL_DIR"], True)
 
+# Ray's discovery of a running local cluster (``ray.init()`` with no address: RAY_ADDRESS, or the
+# cluster ``ray start --head`` recorded under its temp directory) sees only this session's own:
+# a cluster someone else keeps running on this machine is never joined by a test's sweep.
+os.environ.pop("RAY_ADDRESS", None)
+if "RAY_TMPDIR" not in os.environ:
+    os.environ["RAY_TMPDIR"] = tempfile.mkdtemp(prefix="nalu-ray-", dir="/tmp")  # short: Ray's socket paths
+    atexit.register(shutil.rmtree, os.environ["RAY_TMPDIR"], True)
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -41,7 +49,7 @@ def ray_address():
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if str(REPO) not in paths:  # Ray workers must import `service`
         os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), *paths])
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # always a new one
     try:
         yield ray.get_runtime_context().gcs_address
     finally:

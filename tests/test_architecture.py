@@ -5,6 +5,7 @@ module grows past what a reader takes in at once."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,144 @@ def test_no_c_source_in_python_strings(path):
 def test_modules_stay_small(path):
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{path.relative_to(SERVICE)} has {lines} lines (> {MAX_LINES}): split it by idea"
+
+
+# -- dependencies used through their public interfaces (issue 34) ------------------------------------
+# A private module or name of these is not theirs to keep stable; nor is anything of any dependency
+# ours to replace. torch's `torch._dynamo.config` is documented for users to set.
+PUBLIC_ONLY = ("ray", "mlflow", "optuna")
+DEPENDENCIES = (*PUBLIC_ONLY, "torch", "matplotlib", "sqlalchemy", "alembic", "pandas", "numpy")
+INTERNAL_PREFIXES = ("mlflow.store",)
+DOCUMENTED_PRIVATE = ("torch._dynamo.config",)
+MUTATING_METHODS = {"pop", "popitem", "update", "clear", "setdefault", "append", "extend", "insert", "remove",
+                    "__setitem__", "__delitem__"}
+# what rewrites the command line of a dependency's process: the underscore options of Ray's C++
+# processes (``--num_prestart_python_workers=``), Ray's internal settings read from the environment
+# (``RAY_prestart_worker_first_driver``; Ray's documented variables are upper case), its scripts
+RAY_PROCESS_OPTION = re.compile(r"^--[a-z0-9]+(_[a-z0-9]+)+(=|$)")
+RAY_INTERNAL_SETTING = re.compile(r"^RAY_[a-z][a-z0-9_]*$")
+DEPENDENCY_SCRIPTS = ("agent.py", "main.py", "setup_worker.py", "default_worker.py")
+
+
+def _is_private_part(part: str) -> bool:
+    return part.startswith("_") and not part.startswith("__")
+
+
+def _internal(dotted: str) -> bool:
+    """A dotted name of `PUBLIC_ONLY` with a private component, or one of their internal modules."""
+    parts = dotted.split(".")
+    if parts[0] not in PUBLIC_ONLY or any(dotted == d or dotted.startswith(d + ".") for d in DOCUMENTED_PRIVATE):
+        return False
+    return any(_is_private_part(p) for p in parts) or dotted.startswith(INTERNAL_PREFIXES)
+
+
+def _chain(node: ast.AST) -> list[str] | None:
+    """``a.b.c`` → ``["a", "b", "c"]``; None for anything but names and attributes."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(parts)]
+
+
+def dependency_misuse(source: str) -> list[str]:
+    """What in ``source`` reaches into a dependency: a private or internal module or name of
+    Ray, MLflow or Optuna, an attribute of any dependency replaced (assigned, ``setattr``,
+    ``delattr``, a mutating call on it), or an option or setting of Ray's own processes."""
+    tree = ast.parse(source)
+    bad: list[str] = []
+    bound: dict[str, str] = {}  # a local name → the dotted dependency name it stands for
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in DEPENDENCIES:
+                    bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+                    if _internal(a.name):
+                        bad.append(f"import {a.name}")
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] in DEPENDENCIES:
+                for a in node.names:
+                    full = f"{node.module}.{a.name}"
+                    bound[a.asname or a.name] = full
+                    if _internal(full):
+                        bad.append(f"from {node.module} import {a.name}")
+    # names assigned from a dependency's attributes (``x = ray.a.b``, ``x = getattr(mod, "y")``)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            value = node.value
+            if isinstance(value, ast.Call) and _chain(value.func) == ["getattr"] and value.args:
+                value = value.args[0]
+            chain = _chain(value)
+            if chain and chain[0] in bound:
+                bound.setdefault(node.targets[0].id, ".".join([bound[chain[0]], *chain[1:]]))
+
+    def resolved(target: ast.AST) -> str | None:
+        while isinstance(target, ast.Subscript):
+            target = target.value
+        chain = _chain(target)
+        if not chain or chain[0] not in bound:
+            return None
+        return ".".join([bound[chain[0]], *chain[1:]])
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            full = resolved(node)
+            if full and _internal(full) and not _internal(resolved(node.value) or ""):
+                bad.append(f"uses {full}")
+        targets: list[ast.AST] = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+        for target in targets:
+            if isinstance(target, (ast.Attribute, ast.Subscript)):
+                full = resolved(target)
+                if full and not full.startswith(DOCUMENTED_PRIVATE):
+                    bad.append(f"replaces {full}")
+        if isinstance(node, ast.Call):
+            func = _chain(node.func)
+            if func in (["setattr"], ["delattr"]) and node.args:
+                full = resolved(node.args[0])
+                if full and not full.startswith(DOCUMENTED_PRIVATE):
+                    bad.append(f"{func[0]}({full}, …)")
+            elif isinstance(node.func, ast.Attribute) and node.func.attr in MUTATING_METHODS:
+                full = resolved(node.func.value)
+                if full:
+                    bad.append(f"mutates {full} ({node.func.attr})")
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            text = node.value
+            if RAY_PROCESS_OPTION.match(text) or RAY_INTERNAL_SETTING.match(text):
+                bad.append(f"a Ray process's own option or setting {text!r}")
+    return sorted(set(bad))
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SERVICE)))
+def test_dependencies_are_used_through_their_public_interfaces(path):
+    misuse = dependency_misuse(path.read_text())
+    assert not misuse, f"{path.relative_to(SERVICE)} reaches into a dependency: {misuse}"
+
+
+@pytest.mark.parametrize("source, caught", [
+    ("from ray._private import services", True),
+    ("from ray import _private", True),
+    ("import ray._private.worker", True),
+    ("import ray\nnode = ray._private.worker._global_node", True),
+    ("from mlflow.store.db import utils", True),
+    ("import mlflow.store.tracking.sqlalchemy_store", True),
+    ("from optuna.samplers._tpe import sampler", True),
+    ("from ray.tune.trainable import trainable\ntrainable.disable_ipython = print", True),
+    ("import ray\nray.init = print", True),
+    ("import mlflow\nsetattr(mlflow, 'log_metric', print)", True),
+    ("from ray.tune.execution import class_cache\nd = getattr(class_cache, 'DEFAULT_ENV_VARS')\nd.pop('X')", True),
+    ("from ray.tune.execution import class_cache\nclass_cache.DEFAULT_ENV_VARS['X'] = '1'", True),
+    ("import os\nos.environ['RAY_prestart_worker_first_driver'] = '1'", True),
+    ("cmd = ['--num_prestart_python_workers=1']", True),
+    ("import torch\nsetattr(torch._dynamo.config, 'cache_size_limit', 64)", False),
+    ("import torch\ntorch._dynamo.config.cache_size_limit = 64", False),
+    ("import ray\nray.init(address='auto')\nx = ray.cluster_resources()", False),
+    ("import os\nos.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')", False),
+    ("from ray import tune\nconfig = tune.RunConfig(name='x')\nconfig.name = 'y'", False),
+    ("import mlflow\nclient = mlflow.MlflowClient()\nclient.x = 1", False),
+])
+def test_the_dependency_check_catches_what_it_should(source, caught):
+    assert bool(dependency_misuse(source)) is caught, dependency_misuse(source)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +14,7 @@ import service
 from service.endpoints import check_ray_address
 from service.errors import UserError
 from service.search.space import SearchSpace
-from service.sweep import worker_start
-from service.sweep.ray_head import PRESTART_SETTING, lean_head
-from service.tracking import helper, store
+from service.tracking import store
 
 
 def node_ip() -> str:
@@ -44,90 +41,53 @@ def gpu_ids() -> str:
 
 
 # Ray warns on every start that token authentication is on (or off) for a local cluster,
-# however it was chosen: the setting is kept, the notice only shown with --verbose
+# however it was chosen: the setting is kept, the notice only shown with --verbose (a logger
+# name, configured through `logging`; nothing of Ray's is imported for it)
 RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
-# Ray's system setting (read from the environment by a raylet this process starts)
-RAY_PRESTART = PRESTART_SETTING
 # Optuna's grid sampler calls `Study.stop` when the grid is used up; outside `optimize`
 # that raises, and Ray logs it as a warning although the trial was told (it is harmless)
 STUDY_STOP_NOISE = "`Study.stop` is supposed to be invoked inside an objective function"
-# Tune gives every trial actor the runtime environment {"env_vars": {"PL_DISABLE_FORK": "1"}},
-# for PyTorch Lightning, which no trial here uses; any runtime environment makes the raylet
-# start the actor's worker through `setup_worker.py` (one more Python start importing Ray)
-# after its runtime-env agent has built it: about a second before the first trial trains
-TUNE_LIGHTNING_ENV = "PL_DISABLE_FORK"
-
-
-def plain_trial_workers() -> None:
-    """Drop Tune's Lightning setting from the runtime environment of its trial actors, so
-    their workers start as plain Ray workers (what Tune still forwards from this process's
-    environment, e.g. AWS credentials, it forwards as before). Needed before Tune starts
-    its first trial: the sweep's driver calls it as it imports Tune (`driver._prepare`)."""
-    try:
-        from ray.tune.execution import class_cache
-    except ImportError:  # another Tune layout: its trial actors keep their environment
-        return
-    defaults = getattr(class_cache, "DEFAULT_ENV_VARS", None)
-    if isinstance(defaults, dict):
-        defaults.pop(TUNE_LIGHTNING_ENV, None)
-
-
-@contextmanager
-def prepared_workers(announcement: Path | None) -> Iterator[None]:
-    """While a local Ray starts: its workers will run `worker_start.prepare` as Ray's
-    worker-process setup hook (their MLflow helper for the tracking URI in the file
-    ``announcement``, `helper.announced`, and the trial's imports, while that file exists).
-    A raylet's workers inherit its environment, which is this process's while `ray.init`
-    starts it; afterwards this process's is as it was. Nothing without a file, when another
-    hook is set, or when Ray has no such hook."""
-    try:
-        from ray._private import ray_constants
-    except ImportError:
-        ray_constants = None
-    hook = getattr(ray_constants, "WORKER_PROCESS_SETUP_HOOK_ENV_VAR", None)
-    if announcement is None or not hook or hook in os.environ:
-        yield
-        return
-    os.environ[hook] = f"{worker_start.__name__}.{worker_start.prepare.__name__}"
-    os.environ[helper.PRESTART_FILE] = str(announcement)
-    try:
-        yield
-    finally:
-        os.environ.pop(hook, None)
-        os.environ.pop(helper.PRESTART_FILE, None)
+# the processes of a Ray node this process started itself (`ray.init` with no cluster to join)
+RAY_NODE_PROCESSES = ("gcs_server", "raylet")
 
 
 def _drop_study_stop(record: logging.LogRecord) -> bool:
     return STUDY_STOP_NOISE not in str(record.msg)
 
 
-def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | None = None,
-             helper_announcement: Path | None = None, warm_workers: int = 0) -> bool:
-    """Start (or connect to) Ray; returns True when this call started it. ``say`` gets one
-    line before the wait ("starting a local Ray…", "connecting to Ray at …") and one
-    after it, so the first seconds of a sweep are not silent. The workers of a local Ray
-    started with ``helper_announcement`` start their MLflow helper and load the trial's code
-    at once, while that file exists (`prepared_workers`); ``warm_workers`` of them are
-    started as the driver connects (`ray_head.raylet_command`), ready for the first trials."""
+def started_here() -> bool:
+    """Whether the Ray this process is connected to runs as this process's children (`ray.init`
+    started it) rather than as a cluster of its own (``ray start --head``, a remote one)."""
+    import psutil
+
+    try:
+        names = [c.name() for c in psutil.Process().children(recursive=True)]
+    except psutil.Error:
+        return False
+    return any(n.startswith(RAY_NODE_PROCESSES) for n in names)
+
+
+def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | None = None) -> bool:
+    """Connect to Ray, or start it; returns True when this call started it (the caller stops
+    it: `stop_ray`). As Ray itself resolves ``ray.init()``: an ``address`` (``--address``)
+    is joined; without one, ``RAY_ADDRESS`` or the local cluster that ``ray start --head``
+    left running is joined, and left running afterwards; with neither, a local Ray is
+    started for this sweep and stopped at its end. ``say`` gets one line before the wait
+    and one after it saying which it was, so the first seconds of a sweep are not silent."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")  # the JSON logger is added: `driver`
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # the live board replaces Tune's tables
     import ray
 
     if not verbose:
         logging.getLogger(RAY_AUTH_LOGGER).setLevel(logging.ERROR)
-    # the Tune loggers that would write result.json are off: don't warn that it is missing
-    logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
 
     check_ray_address(address)  # an explicit, unreachable --address is an error even if Ray is up
     if ray.is_initialized():
         return False
-    package_root = str(Path(service.__file__).resolve().parent.parent)
     if not address:
-        # a local raylet would start one idle Python worker per CPU when the driver connects
-        # (~1.5 s of CPU each); the lean head prestarts only the warm workers asked for
-        os.environ.setdefault(RAY_PRESTART, "0")
-        # local workers inherit the driver's environment: make `service` importable
+        # workers of a Ray started here inherit the driver's environment: make `service` importable
+        package_root = str(Path(service.__file__).resolve().parent.parent)
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if package_root not in paths:
             os.environ["PYTHONPATH"] = os.pathsep.join([package_root, *paths])
@@ -137,43 +97,28 @@ def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | No
         extra["runtime_env"] = {"env_vars": forwarded}
     started = time.monotonic()
     if say is not None:
-        say(f"connecting to Ray at {address}…" if address else "starting a local Ray…")
+        say(f"connecting to Ray at {address}…" if address else "looking for a running local Ray…")
     try:
-        with lean_head(verbose, warm_workers) if not address else nullcontext(), \
-                prepared_workers(helper_announcement if not address else None):
-            ray.init(address=address or None, include_dashboard=False, log_to_driver=verbose,
-                     logging_level=logging.INFO if verbose else logging.WARNING,
-                     configure_logging=True, **extra)
+        ray.init(address=address or None, include_dashboard=False, log_to_driver=verbose,
+                 logging_level=logging.INFO if verbose else logging.WARNING,
+                 configure_logging=True, **extra)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"the Ray cluster at {address!r}" if address else "a local Ray"
         raise UserError(f"cannot start or reach {where}: {e}") from None
+    ours = not address and started_here()
     if say is not None:
         cpus = ray.cluster_resources().get("CPU", 0)
-        say(f"Ray ready in {time.monotonic() - started:.0f} s ({cpus:g} CPUs); starting the first trials…")
-    return True
+        how = ("started a local Ray for this sweep (it stops at the end; sweeping often? keep one up "
+               "with `ray start --head`)" if ours else
+               f"connected to the running Ray at {ray.get_runtime_context().gcs_address} (left running)")
+        say(f"{how}: ready in {time.monotonic() - started:.0f} s ({cpus:g} CPUs); starting the first trials…")
+    return ours
 
 
 def stop_ray() -> None:
-    """`ray.shutdown` for a Ray this process started, less a second lost to the autoscaler
-    where its head has one (`ray_head`: ``NALU_SWEEP_RAY_HEAD=full``, or another Ray).
-
-    Ray stops its raylet and GCS first and its autoscaler monitor after them; the monitor
-    answers SIGTERM by reporting its end to the GCS that is already gone, and Ray waits a
-    full second before it SIGKILLs it (Ray 2.60, every local sweep). The monitor keeps no
-    state a local cluster needs, so it is killed outright first; anything unexpected in
-    Ray's internals leaves the plain `ray.shutdown`."""
+    """Disconnect from Ray: `ray.shutdown`, which also stops a Ray this process started."""
     import ray
 
-    try:
-        from ray._private import ray_constants, worker
-
-        node = worker._global_node  # noqa: SLF001 - no public handle on the processes Ray started
-        if node is not None and node.is_head():
-            for info in node.all_processes.get(ray_constants.PROCESS_TYPE_MONITOR, []):
-                info.process.kill()
-                info.process.wait(timeout=5)
-    except Exception:  # noqa: BLE001 - only a shortcut; ray.shutdown still stops everything
-        pass
     ray.shutdown()
 
 

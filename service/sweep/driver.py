@@ -34,7 +34,6 @@ from service.search.space import SearchSpace
 from service.sweep.cluster import (
     check_resources,
     init_ray,
-    plain_trial_workers,
     quiet_libraries,
     quiet_optuna,
     stop_ray,
@@ -108,6 +107,7 @@ def _trial_name(trial: Any) -> str:
 
 def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: TrialRecords):
     from ray import tune
+    from ray.tune.logger import JsonLoggerCallback
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from service.sweep.display import LiveProgress
@@ -148,9 +148,14 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
         run_config=tune.RunConfig(
             name=options.name, storage_path=options.storage_path, verbose=0,
             failure_config=tune.FailureConfig(max_failures=space.retries),
-            # a retried or resumed trial needs only its latest checkpoint
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=[LiveProgress(options.name)],
+            # every checkpoint is kept (a trial's is small): Tune snapshots its experiment state
+            # on its own period, and a resume after a crash finds every checkpoint that state
+            # names (with a retention, Tune forces a snapshot each `num_to_keep` checkpoints,
+            # warns that it does so too often, and a resume after a crash may name one deleted)
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
+            # Tune's JSON logger writes each trial's result.json, which `tune.ExperimentAnalysis`
+            # and `Tuner.restore(...).get_results()` read (its CSV and TensorBoard loggers stay off)
+            callbacks=[LiveProgress(options.name), JsonLoggerCallback()],
         ),
     )
 
@@ -171,9 +176,8 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
     exp_path = experiment_path(options.storage_path, options.name)
     from concurrent.futures import ThreadPoolExecutor
 
-    # the trial workers start their MLflow helpers and load the trial's code as they start
-    # (`worker_start`), those of the first trials while Tune is set up here; for a database
-    # store this process answers their tracking calls itself (`driver_tracking`)
+    # for a database store this process answers its trial workers' tracking calls itself
+    # (`driver_tracking`) where they run on this machine's Ray
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="nalu-sweep-prepare") as pool, \
             helper.announced(options.tracking_uri) as announcement, \
             driver_tracking.served(announcement, options.tracking_uri, local=not options.address) as tracking:
@@ -181,15 +185,14 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
         started_ray = False
         try:
             started_ray = init_ray(options.address, options.verbose,
-                                   say=lambda line: console.print(line, highlight=False),
-                                   helper_announcement=announcement,
-                                   warm_workers=min(space.concurrency, space.trials))
+                                   say=lambda line: console.print(line, highlight=False))
             client, parent = prepared.result()
             if tracking is not None:
                 tracking.use(client)
             _check_parent(space, options, parent, exp_path)
             check_resources(space)
-            summary = _run(space, options, console, client, parent, exp_path)
+            summary = _run(space, options, console, client, parent, exp_path,
+                           str(announcement) if tracking is not None else None)
             summary.ray_left_running = started_ray and options.keep_ray
             return summary
         finally:
@@ -200,7 +203,7 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
 def _prepare(options: SweepOptions, exp_path: str) -> tuple[Any, Any]:
     """What `run_sweep` does while Ray starts, in this order on one thread (two threads
     importing libraries that share dependencies could each see the other's modules half
-    loaded): Ray Tune imported and told to start trials as plain workers; a new sweep's Tune
+    loaded): Ray Tune imported; a new sweep's Tune
     experiment and Optuna study do not exist yet (a resumed one's does); then the MLflow
     client and the sweep's parent run (`_open_store`)."""
     from ray import tune
@@ -208,7 +211,6 @@ def _prepare(options: SweepOptions, exp_path: str) -> tuple[Any, Any]:
     from service.sweep.searcher import check_study
 
     quiet_optuna(options.verbose)
-    plain_trial_workers()
     restorable = tune.Tuner.can_restore(exp_path)
     if options.resume and not restorable:
         raise UserError(f"nothing to resume: no Tune experiment at {exp_path} "
@@ -251,7 +253,7 @@ def _check_parent(space: SearchSpace, options: SweepOptions, parent: Any, exp_pa
 
 
 def _run(space: SearchSpace, options: SweepOptions, console: Console, client: Any, parent: Any,
-         exp_path: str) -> SweepSummary:
+         exp_path: str, announcement: str | None = None) -> SweepSummary:
     from ray import tune
 
     experiment_id = store.ensure_experiment(client, options.name, options.tracking_uri)
@@ -278,6 +280,7 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
         space=space.model_dump(mode="json"), task_params=task_params(space), sweep=options.name,
         tracking_uri=options.tracking_uri, experiment_id=experiment_id, parent_run_id=parent_run_id,
         threads=max(1, int(space.resources.cpus)) if space.resources.gpus == 0 else 1,
+        announcement=announcement,
     )
     from service.sweep.display import SweepBoard, register_board, unregister_board
 

@@ -44,6 +44,9 @@ class TrialSettings:
     experiment_id: str
     parent_run_id: str
     threads: int
+    # the driver's `helper.announced` file: where it answers this trial's tracking calls itself
+    # (`driver_tracking`, a sweep on this machine); None where the worker uses its own helper
+    announcement: str | None = None
 
 
 def make_trainable(settings: TrialSettings):
@@ -99,6 +102,7 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     A retried or resumed trial gets its latest checkpoint from `tune.get_checkpoint` and
     continues from it (tagged ``nalu_sweep.resumed_from_step``); checkpoints are written to
     a temporary directory that `tune.report` copies to the sweep's storage."""
+    helper.use_announcement(settings.announcement)
     helper.shared(settings.tracking_uri)  # MLflow loads in its own process while torch loads here
     import torch
     from ray import tune
@@ -156,6 +160,7 @@ def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
 
     A retried or resumed pack continues from its latest `PackState`: members pruned before
     it stay closed, the others continue from their own trainer checkpoints."""
+    helper.use_announcement(settings.announcement)
     helper.shared(settings.tracking_uri)  # MLflow loads in its own process while torch loads here
     import torch
     from ray import tune

@@ -12,13 +12,12 @@ print; and nothing the project reads is unpickled). An error in the helper comes
 `TrackingCallError`, marked transient as `store.is_transient` judged it there, so the
 worker's retries and its outage handling (`spool`) work as with a client of its own; a
 helper that died is a transient error, and the next call starts a new one. The helper ends
-when the worker does (its pipe closes). In a local sweep every Ray worker started while
-the trials run starts its helper as soon as the process starts (`prestart`, from Ray's
-worker-process setup hook), before it loads Ray Tune and the trial's code: about 2 s
-earlier than the trial's first call.
+when the worker does (its pipe closes). A trial starts its helper first thing
+(`service.sweep.trainable`), so that MLflow loads there while torch loads in the worker.
 Artifacts are read from the worker's spool by path: the helper runs on the worker's node.
-Where the sweep's driver answers these calls itself (a local sweep on a database store:
-`driver_tracking`), the worker connects to it instead (`driver_socket`) and starts no helper.
+Where the sweep's driver answers these calls itself (a sweep on this machine's Ray and a
+database store: `driver_tracking`), the worker connects to it instead (`driver_socket`, found
+through the announcement its trial's settings name: `use_announcement`) and starts no helper.
 """
 
 from __future__ import annotations
@@ -154,19 +153,29 @@ def shared(tracking_uri: str) -> HelperClient:
         return _SHARED[tracking_uri]
 
 
-# a file, named in the environment a local Ray's workers inherit (`cluster.init_ray`), that
-# holds the tracking URI their setup hook starts a helper for while the sweep's trials run
-PRESTART_FILE = "NALU_SWEEP_HELPER_FILE"
+# a file that holds the tracking URI the sweep's driver answers calls for (`announced`),
+# named in this variable of a trial worker's environment (`use_announcement`)
+ANNOUNCEMENT_VAR = "NALU_SWEEP_HELPER_FILE"
 
 
 # where a local sweep's driver answers its workers' tracking calls: beside the announcement
 DRIVER_SOCKET = "tracking.sock"
 
 
+def use_announcement(path: str | None) -> None:
+    """A trial worker's tracking calls go to the sweep driver's socket beside ``path`` (the
+    driver's `announced` file, passed in the trial's settings) where it can reach it; with
+    None, to its own helper."""
+    if path:
+        os.environ[ANNOUNCEMENT_VAR] = path
+    else:
+        os.environ.pop(ANNOUNCEMENT_VAR, None)
+
+
 def driver_socket(tracking_uri: str) -> str | None:
-    """The socket of this worker's local sweep driver, which answers the calls for
-    ``tracking_uri`` itself (`driver_tracking`), while the sweep's trials run; else None."""
-    path = os.environ.get(PRESTART_FILE)
+    """The socket of this worker's sweep driver, which answers the calls for ``tracking_uri``
+    itself (`driver_tracking`), while the sweep's trials run; else None."""
+    path = os.environ.get(ANNOUNCEMENT_VAR)
     if not path:
         return None
     try:
@@ -181,8 +190,7 @@ def driver_socket(tracking_uri: str) -> str | None:
 @contextmanager
 def announced(tracking_uri: str) -> Iterator[Path]:
     """A private file holding ``tracking_uri`` while the block runs (the sweep's trials), for
-    `prestart`; gone afterwards, so workers that a kept Ray starts later (`validate`'s, which
-    record nothing) start no helper."""
+    `driver_socket`; gone afterwards."""
     directory = Path(tempfile.mkdtemp(prefix="nalu-sweep-helper-"))  # mode 0700: the URI may hold credentials
     path = directory / "tracking_uri"
     try:
@@ -190,29 +198,6 @@ def announced(tracking_uri: str) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def prestart() -> bool:
-    """Part of a local sweep's worker start (`service.sweep.worker_start`): start this
-    worker's helper for the sweep's tracking URI now, so MLflow's import and the store's
-    opening overlap the worker's imports of Ray Tune, the trial's code and torch; nothing once
-    the sweep's trials ended (`announced`). Returns whether the sweep's trials are running
-    (a URI was announced). It never raises (an exception would end the worker): a helper that
-    failed to start is started by the trial's first call."""
-    path = os.environ.get(PRESTART_FILE)
-    if not path:
-        return False
-    try:
-        uri = Path(path).read_text().strip()
-    except OSError:  # no file: no trials running
-        return False
-    if not uri:
-        return False
-    try:
-        shared(uri)
-    except Exception:  # noqa: BLE001, S110 - only a head start
-        pass
-    return True
 
 
 def _calls() -> dict[str, Any]:

@@ -105,14 +105,9 @@ def artifact_root(tracking_uri: str) -> str | None:
 
 
 def client(tracking_uri: str):
-    """An `MlflowClient` bound to ``tracking_uri`` (no global MLflow state is touched). A
-    SQLite store that does not exist yet starts as a copy of a migrated blank
-    (`blank_store`), which saves MLflow's migrations."""
+    """An `MlflowClient` bound to ``tracking_uri`` (no global MLflow state is touched)."""
     from mlflow.tracking import MlflowClient
 
-    from service.tracking import blank_store
-
-    blank_store.place_blank(tracking_uri)
     return MlflowClient(tracking_uri=tracking_uri)
 
 

@@ -61,15 +61,27 @@ def crashing_trainable():
     return crash_once
 
 
-def kill_driver_when(args: list[str], cwd: Path, ray_address: str, ready: Callable[[], bool],
-                     timeout_s: float = 180) -> None:
-    """Run ``nalu-sweep ARGS`` in its own process (joining the test session's Ray) and SIGKILL
-    it once ``ready()`` holds and Tune has saved its experiment state in ``cwd/runs``."""
+def _cli_env() -> dict[str, str]:
     repo = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])}
+
+
+def run_cli(args: list[str], cwd: Path, ray_address: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+    """``nalu-sweep ARGS`` in its own process, joining the test session's Ray; its stdout and
+    stderr together (what a user sees) in ``stdout``."""
+    return subprocess.run([sys.executable, "-c", "from service.cli import app; app()", *args, "--address", ray_address],
+                          cwd=cwd, env=_cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout_s, check=False)
+
+
+def kill_driver_when(args: list[str], cwd: Path, ray_address: str, ready: Callable[[], bool],
+                     timeout_s: float = 180) -> str:
+    """Run ``nalu-sweep ARGS`` in its own process (joining the test session's Ray) and SIGKILL
+    it once ``ready()`` holds and Tune has saved its experiment state in ``cwd/runs``; returns
+    what it printed."""
     driver = subprocess.Popen([sys.executable, "-c", "from service.cli import app; app()", *args,
                                "--address", ray_address],
-                              cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                              cwd=cwd, env=_cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + timeout_s
         while not ready() or not list((cwd / "runs").glob("*/experiment_state-*.json")):
@@ -79,6 +91,13 @@ def kill_driver_when(args: list[str], cwd: Path, ray_address: str, ready: Callab
     finally:
         driver.send_signal(signal.SIGKILL)
         driver.wait()
+    return driver.stdout.read().decode(errors="replace")
+
+
+@pytest.fixture
+def cli_process():
+    """`run_cli`, for the tests that read everything a sweep's process prints."""
+    return run_cli
 
 
 @pytest.fixture

@@ -110,19 +110,19 @@ def test_ray_token_auth_notice_is_dropped_not_other_warnings(monkeypatch):
 def test_the_wait_for_ray_is_announced(monkeypatch):
     import ray
 
-    from service.sweep.cluster import RAY_PRESTART, init_ray
+    from service.sweep import cluster
 
-    monkeypatch.setenv("PYTHONPATH", "")
-    monkeypatch.delenv(RAY_PRESTART, raising=False)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
-    prestart: list[str | None] = []  # what a local raylet started now would read
-    monkeypatch.setattr(ray, "init", lambda **kwargs: prestart.append(os.environ.get(RAY_PRESTART)))
+    calls: list[dict] = []
+    monkeypatch.setattr(ray, "init", lambda **kwargs: calls.append(kwargs))
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(cluster, "started_here", lambda: True)
     said: list[str] = []
-    assert init_ray(None, verbose=False, say=said.append) is True
-    assert said[0] == "starting a local Ray…"
-    assert said[1].startswith("Ray ready in ") and "(2 CPUs)" in said[1]
-    assert prestart == ["0"]  # no idle worker per CPU (~1.5 s of CPU each) at the start
+    assert cluster.init_ray(None, verbose=False, say=said.append) is True
+    assert calls[0]["address"] is None  # Ray's own choice: a running local cluster, or a new one
+    assert said[0] == "looking for a running local Ray…"
+    assert said[1].startswith("started a local Ray for this sweep") and "(2 CPUs)" in said[1], said
+    assert "ray start --head" in said[1]
 
 
 def test_a_pack_shows_one_line_per_member():

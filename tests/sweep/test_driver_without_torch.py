@@ -1,10 +1,10 @@
 """A sweep's driver never loads torch: it checks every trial's run config, groups packs and
 follows the trials, but only the workers train. Importing torch costs about 1.3 s of a
-sweep's fixed cost on a 2-core machine (README, "Sweep overhead"). Nor do its trial workers
+sweep's fixed cost on a 2-core machine (docs/performance.md). Nor do its trial workers
 load Optuna, which only the driver's searcher uses (0.2 s of every worker's start), and
 with the embedded store no process but the driver loads MLflow (`driver_tracking`). The
-workers' plots are drawn by their plotting processes (`plot_server`), and Ray Tune's
-trainables do not import IPython (`worker_start.ipython_only_where_loaded`)."""
+workers' plots are drawn by their plotting processes (`plot_server`). With no Ray running,
+the sweep starts its own and says so."""
 
 from __future__ import annotations
 
@@ -98,12 +98,11 @@ def test_a_sweep_trains_in_its_workers_and_its_driver_loads_no_torch(tmp_path: P
     out, _ = driver.communicate(timeout=300)
     assert driver.returncode == 0, out
     assert "2 completed" in out, out
+    assert "started a local Ray for this sweep" in out, out  # none was running (tests/conftest.py)
     loaded = {int(p.name.split("-")[1]) for p in hook.glob("torch-*")}
     assert loaded, "no worker recorded importing torch: the watch did not run"
     assert driver.pid not in loaded, out
-    # both trials ran in one worker, the one Ray prestarted and warmed while the driver set
-    # Tune up (`worker_start`): a trial actor with a runtime environment of its own (Tune's
-    # Lightning setting not dropped before the first trial) would have started another
+    # both trials ran in one worker: Tune reuses the trial actor (``reuse_actors``)
     assert len(loaded) == 1, loaded
     with_optuna = {int(p.name.split("-")[1]) for p in hook.glob("optuna-*")}
     assert driver.pid in with_optuna, "the driver's searcher is Optuna's: the watch did not see it"
@@ -112,8 +111,7 @@ def test_a_sweep_trains_in_its_workers_and_its_driver_loads_no_torch(tmp_path: P
     # imports MLflow (no helper process; `driver_tracking`)
     assert {int(p.name.split("-")[1]) for p in hook.glob("mlflow-*")} == {driver.pid}
     # the trials' plots were drawn, by the worker's plotting process: matplotlib loaded in
-    # one process, neither the worker nor the driver; and no process asked for IPython
+    # one process, neither the worker nor the driver
     assert len(list(tmp_path.rglob("curves.png"))) == 2, sorted(map(str, tmp_path.rglob("*.png")))
     with_matplotlib = {int(p.name.split("-")[1]) for p in hook.glob("matplotlib-*")}
     assert len(with_matplotlib) == 1 and not with_matplotlib & (loaded | {driver.pid}), with_matplotlib
-    assert not list(hook.glob("IPython-*"))

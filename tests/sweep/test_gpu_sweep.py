@@ -26,7 +26,7 @@ from service.tracking import runs, store
 REPO = Path(__file__).resolve().parents[2]
 
 # The driver, in a process that owns its Ray: the sweep finds it running and uses it.
-FAKE_GPU_DRIVER = ("import ray; ray.init(num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False); "
+FAKE_GPU_DRIVER = ("import ray; ray.init(address='local', num_cpus=4, num_gpus=1, include_dashboard=False, log_to_driver=False); "
                    "from service.cli import app; app()")
 CLI = "from service.cli import app; app()"
 

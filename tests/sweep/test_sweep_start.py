@@ -29,8 +29,7 @@ def _options(tmp_path: Path, **kw) -> driver.SweepOptions:
 
 
 def test_the_store_opens_on_a_thread_while_ray_starts(tmp_path, monkeypatch, space):
-    """Each side waits to see the other under way: both do only if they overlap. Ray's
-    workers are told the sweep's store (`helper.announced`) while the sweep runs, not after."""
+    """Each side waits to see the other under way: both do only if they overlap."""
     opening, starting = threading.Event(), threading.Event()
     seen = {}
     real_open = driver._open_store
@@ -41,12 +40,9 @@ def test_the_store_opens_on_a_thread_while_ray_starts(tmp_path, monkeypatch, spa
         seen["ray seen from the store"] = starting.wait(timeout=20)
         return real_open(options)
 
-    def init_ray(address, verbose, say=None, helper_announcement=None, warm_workers=0):
-        seen["warm workers"] = warm_workers
+    def init_ray(address, verbose, say=None):
         starting.set()
         seen["store seen from Ray"] = opening.wait(timeout=20)
-        seen["announcement"] = helper_announcement
-        seen["announced"] = helper_announcement.read_text()
         return False
 
     monkeypatch.setattr(driver, "_open_store", open_store)
@@ -55,10 +51,7 @@ def test_the_store_opens_on_a_thread_while_ray_starts(tmp_path, monkeypatch, spa
     options = _options(tmp_path)
     with pytest.raises(UserError, match="stop here"):
         driver.run_sweep(space, options)
-    assert not seen.pop("announcement").exists()
-    assert seen == {"thread": True, "ray seen from the store": True, "store seen from Ray": True,
-                    "announced": options.tracking_uri,
-                    "warm workers": min(space.concurrency, space.trials)}  # one per trial of the first batch
+    assert seen == {"thread": True, "ray seen from the store": True, "store seen from Ray": True}
 
 
 def test_a_sweep_refused_on_what_the_store_says_stops_the_ray_it_started(tmp_path, monkeypatch, space):
@@ -68,7 +61,7 @@ def test_a_sweep_refused_on_what_the_store_says_stops_the_ray_it_started(tmp_pat
     runs.start_sweep_run(client, experiment_id, options.name, space_file=None, spec_json=space.spec_json(),
                          spec_hash=space.spec_hash(), storage_path="elsewhere", params={})
     stopped = []
-    monkeypatch.setattr(driver, "init_ray", lambda address, verbose, say=None, helper_announcement=None, warm_workers=0: True)
+    monkeypatch.setattr(driver, "init_ray", lambda address, verbose, say=None: True)
     monkeypatch.setattr(driver, "stop_ray", lambda: stopped.append(True))
     with pytest.raises(UserError, match="sweep 'start' already exists"):
         driver.run_sweep(space, options)  # no Tune experiment here: only MLflow knows the name

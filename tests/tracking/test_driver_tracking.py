@@ -23,7 +23,7 @@ def test_a_trial_is_recorded_through_the_driver_without_a_helper(tracking, recor
         assert served is not None
         served.use(client)
         # what a worker of the sweep's own Ray inherits
-        out = record_trial({helper.PRESTART_FILE: str(announcement)})
+        out = record_trial({helper.ANNOUNCEMENT_VAR: str(announcement)})
     assert out["children"] == [] and out["mlflow_imported"] is False  # no helper process, no MLflow
     assert out["again"] == out["run"] and out["resumed"] == 200  # found again by its trial key
     run = client.get_run(out["run"])
@@ -38,7 +38,7 @@ def test_calls_wait_for_the_drivers_client_and_fall_back_to_a_helper_once_it_sto
     uri, client, experiment_id, parent = tracking
     with helper.announced(uri) as announcement, \
             driver_tracking.served(announcement, uri, local=True) as served:
-        monkeypatch.setenv(helper.PRESTART_FILE, str(announcement))
+        monkeypatch.setenv(helper.ANNOUNCEMENT_VAR, str(announcement))
         worker = HelperClient(uri)
         try:
             assert worker._connection is not None and worker._proc is None
@@ -77,7 +77,7 @@ def test_a_server_or_a_joined_cluster_keeps_the_workers_helpers(tmp_path):
 def test_a_worker_of_another_store_or_after_the_trials_starts_its_helper(tmp_path, monkeypatch):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     with helper.announced(uri) as announcement, driver_tracking.served(announcement, uri, local=True):
-        monkeypatch.setenv(helper.PRESTART_FILE, str(announcement))
+        monkeypatch.setenv(helper.ANNOUNCEMENT_VAR, str(announcement))
         assert helper.driver_socket(uri) == str(announcement.parent / helper.DRIVER_SOCKET)
         assert helper.driver_socket(f"sqlite:///{tmp_path}/other.db") is None
     assert helper.driver_socket(uri) is None

@@ -111,74 +111,6 @@ def test_the_helper_ends_with_its_worker(tracking, tmp_path):
         owner.kill()
 
 
-PRESTART = textwrap.dedent("""
-    import json, os, sys, time
-    import psutil
-    import ray
-    from ray._private import ray_constants
-    from service.sweep.cluster import init_ray, stop_ray
-    from service.tracking import helper
-
-    @ray.remote
-    def worker_state():  # runs first in its worker: what the worker's setup hook left
-        from service.tracking import helper
-        me = psutil.Process()
-        return {"helpers": sorted(helper._SHARED), "children": [" ".join(p.cmdline()) for p in me.children()],
-                "loaded": sorted(m for m in ("torch", "ray.tune", "service.sweep.trial") if m in sys.modules),
-                "pid": me.pid}
-
-    mode, uri = sys.argv[1:3]
-    with helper.announced(uri) as announcement:
-        if mode == "trials ended":
-            announcement.unlink()
-        assert init_ray(None, verbose=False, helper_announcement=None if mode == "no sweep" else announcement,
-                        warm_workers=1)
-        try:
-            raylet = psutil.Process(ray._private.worker._global_node.all_processes[
-                ray_constants.PROCESS_TYPE_RAYLET][0].process.pid)
-            waited = time.monotonic() + 5
-            workers = []
-            while not workers and time.monotonic() < waited:  # Ray forks them as the driver connects
-                workers = [c.pid for c in raylet.children() if "agent" not in " ".join(c.cmdline()).lower()]
-                time.sleep(0.1)
-            state = ray.get(worker_state.remote())
-        finally:
-            stop_ray()
-    hook = ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR
-    state["driver_env"] = [k for k in (hook, helper.PRESTART_FILE) if k in os.environ]
-    state["prestarted"] = state.pop("pid") in workers
-    print(json.dumps(state))
-    """)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", ["trials running", "trials ended", "no sweep"])
-def test_a_local_rays_workers_start_their_helper_as_they_start(tracking, tmp_path, mode):
-    """A sweep's local Ray: a worker started while the trials run has its helper for the
-    sweep's store, Ray Tune, torch and the trial's code before its first task (Ray's
-    worker-process setup hook, `worker_start`), and the driver's environment is as it was.
-    One started after them (`validate` on the Ray a sweep kept), or by a Ray started without
-    an announcement, starts none and loads nothing: its work records nothing. The warm
-    worker asked for is started as the driver connects, and takes the first task."""
-    uri = tracking[0]
-    script = tmp_path / "prestart.py"
-    script.write_text(PRESTART)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0"}
-    result = subprocess.run([sys.executable, str(script), mode, uri], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300, env=env, check=False)
-    assert result.returncode == 0, result.stderr[-3000:]
-    state = json.loads(result.stdout.strip().splitlines()[-1])
-    assert state["driver_env"] == []
-    helpers = [c for c in state["children"] if "service.tracking.helper" in c]
-    assert state["prestarted"] is True  # the task ran on the worker Ray started as the driver connected
-    if mode == "trials running":
-        assert state["helpers"] == [uri]
-        assert len(helpers) == 1 and helpers[0].endswith(uri)
-        assert state["loaded"] == ["ray.tune", "service.sweep.trial", "torch"]  # the trial's code, loaded
-    else:
-        assert state["helpers"] == [] and helpers == [] and state["loaded"] == []
-
-
 def test_the_announcement_is_private_and_gone_afterwards():
     """The URI may hold a server's credentials: the file is readable by its owner only."""
     from service.tracking import helper
@@ -187,18 +119,3 @@ def test_the_announcement_is_private_and_gone_afterwards():
         assert path.read_text() == "http://user:secret@127.0.0.1:5000"
         assert path.parent.stat().st_mode & 0o077 == 0
     assert not path.exists() and not path.parent.exists()
-
-
-def test_prestart_never_raises(monkeypatch, tmp_path):
-    """An exception in Ray's setup hook would end the worker: a helper that cannot start is
-    left to the trial's first call."""
-    from service.tracking import helper
-
-    def broken(uri):
-        raise OSError("no python here")
-
-    monkeypatch.setattr(helper, "shared", broken)
-    announcement = tmp_path / "tracking_uri"
-    announcement.write_text("sqlite:////nowhere/mlflow.db")
-    monkeypatch.setenv(helper.PRESTART_FILE, str(announcement))
-    assert helper.prestart() is True  # the trials run; the helper is left to the first call
