@@ -435,6 +435,8 @@ def engine_throughput(settings: Settings, scratch: Path) -> list[str] | str:
         cmd += ["--json", str(scratch / "engine.json")]
     if settings.quick and script_has(script, "--quick"):
         cmd += ["--quick"]
+    elif settings.device == "cuda" and script_has(script, "--seeds"):  # the three sizes, both paths
+        cmd += ["--seeds", "100,1000,10000", "--seconds", "2"]
     return cmd
 
 
@@ -460,7 +462,7 @@ PARTS: list[Part] = [
     Part("recurrent_run", "`nalu-sweep run` of sequential_digits (8 seeds) and sequence_arithmetic with "
          "nau,lstm (16 seeds), 2,000 steps each", 90, recurrent_runs, recurrent_figures),
     Part("engine_tests", "the device engine's tests (tests/engine/)", 60, engine_tests, junit),
-    Part("engine_throughput", "benchmarks/engine_throughput.py", 60, engine_throughput, engine_figures),
+    Part("engine_throughput", "benchmarks/engine_throughput.py rate: NAU → NMU at S = 100, 1,000, 10,000, engine and torch path", 150, engine_throughput, engine_figures),
     Part("recurrent_throughput", "benchmarks/recurrent_throughput.py, both recurrent tasks, 16 seeds (on a GPU: "
          "whole runs of 2,000 steps, cold and warm)", 90,
          recurrent_throughput, recurrent_throughput_figures),
