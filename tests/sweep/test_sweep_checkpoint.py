@@ -67,3 +67,33 @@ def test_a_retried_trial_continues_from_its_checkpoint(ray_address, tmp_path, mo
     # 300 (none at the trial's end)
     checkpoints = list((tmp_path / "runs" / "ckpt").glob("trial-*/checkpoint_*/trial_state.pt"))
     assert len(checkpoints) == 3, checkpoints
+
+
+@pytest.mark.slow
+def test_a_resume_after_a_crash_mid_checkpoints_reads_calm(ray_address, tmp_path, driver_killed_when, cli_process):
+    """Issue 34, as a user tried it: a sweep whose trials checkpoint at every evaluation,
+    its driver SIGKILLed while they do, then ``--resume``. Neither run prints a traceback,
+    Tune's "Error handling checkpoint" (a checkpoint its last snapshot names, deleted since)
+    or, more than once, its warning that it snapshots its state too often; and the resumed
+    sweep completes every trial."""
+    import yaml
+
+    spec = {
+        "name": "calm", "steps": 1500, "eval_every": 50, "seeds": 4, "checkpoint_every": 1,
+        "task": {"kind": "small_mul", "eval_samples": 200, "threshold_samples": 10_000},
+        "fixed": {"model": {"layers": [{"unit": "nau"}, {"unit": "nmu"}]}, "device": "cpu", "compile": "off",
+                  "train": {"batch_size": 32}},
+        "params": {"lr": {"type": "categorical", "choices": [0.03, 0.05, 0.08], "target": "train.optimizer.lr"}},
+        "trials": 3, "concurrency": 1, "scheduler": {"type": "none"}, "sampler": {"type": "grid"},
+    }
+    (tmp_path / "calm.yaml").write_text(yaml.safe_dump(spec))
+    args = ["sweep", "calm.yaml"]
+    checkpoints = tmp_path / "runs" / "calm"
+    first = driver_killed_when(args, tmp_path, ray_address,
+                               lambda: len(list(checkpoints.glob("trial-*/checkpoint_*"))) >= 6)
+    resumed = cli_process([*args, "--resume"], tmp_path, ray_address)
+    assert resumed.returncode == 0, resumed.stdout
+    assert "sweep calm completed" in resumed.stdout and "3 completed" in resumed.stdout, resumed.stdout
+    for out in (first, resumed.stdout):
+        assert "Traceback" not in out and "Error handling checkpoint" not in out, out
+        assert out.count("snapshotting has been triggered multiple times") <= 1, out

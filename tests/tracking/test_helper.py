@@ -5,7 +5,6 @@ a helper that died is replaced by the next call."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
