@@ -111,6 +111,7 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from service.sweep.display import LiveProgress
+    from service.sweep.metrics import SweepMetrics
     from service.sweep.pack_search import PackedOptunaSearch, rung_spec
     from service.sweep.searcher import (
         ResumableOptunaSearch,
@@ -150,7 +151,9 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
             failure_config=tune.FailureConfig(max_failures=space.retries),
             # a retried or resumed trial needs only its latest checkpoint
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
-            callbacks=[LiveProgress(options.name)],
+            # the terminal's progress board, and the sweep's figures as Ray metrics (Prometheus)
+            callbacks=[LiveProgress(options.name),
+                       SweepMetrics(options.name, space.seeds, space.steps * len(space.task_configs()))],
         ),
     )
 
