@@ -24,11 +24,13 @@ metric (as Prometheus sees it)                 labels              what
 =============================================  ==================  ==============================
 
 A sweep without Ray's metrics agent (a minimal ``ray`` install) still runs: the metrics are
-then recorded and dropped by Ray.
+then recorded and dropped by Ray. Nor does an error of the export stop a sweep: it is
+reported once and the export turned off.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +44,7 @@ SEED_STEPS_PER_SECOND = "nalu_sweep_seed_steps_per_second"
 SEED_STEPS = "nalu_sweep_seed_steps"
 SEEDS_SOLVED = "nalu_sweep_seeds_solved"
 STATES = ("running", "done", "pruned", "failed")
+log = logging.getLogger(__name__)
 
 
 def trial_steps(trial_id: str, config: dict[str, Any], result: dict[str, Any]) -> dict[str, tuple[int, int | None]]:
@@ -121,6 +124,7 @@ class SweepMetrics(Callback):
     def _setup(self) -> None:
         self.figures = SweepFigures(self.seeds)
         self._metrics: dict[str, Any] | None = None
+        self._broken = False
 
     def __getstate__(self) -> dict[str, Any]:
         return {"sweep": self.sweep, "seeds": self.seeds, "total_steps": self.total_steps}
@@ -135,9 +139,9 @@ class SweepMetrics(Callback):
 
             self._metrics = {
                 TRIALS: Gauge(TRIALS, "trials of the sweep by state (pack members one each)", ("sweep", "state")),
-                SEED_STEPS_PER_SECOND: Gauge(SEED_STEPS_PER_SECOND, "seeds × training steps per second of a "
+                SEED_STEPS_PER_SECOND: Gauge(SEED_STEPS_PER_SECOND, "seeds x training steps per second of a "
                                              "running trial (0 once ended)", ("sweep", "trial", "node")),
-                SEED_STEPS: Counter(SEED_STEPS, "seeds × training steps done", ("sweep", "node")),
+                SEED_STEPS: Counter(SEED_STEPS, "seeds x training steps done", ("sweep", "node")),
                 SEEDS_SOLVED: Gauge(SEEDS_SOLVED, "seeds solved so far (the trials' latest reports)", ("sweep",)),
             }
         return self._metrics
@@ -148,11 +152,34 @@ class SweepMetrics(Callback):
             m[TRIALS].set(n, tags={"sweep": self.sweep, "state": state})
         m[SEEDS_SOLVED].set(self.figures.solved(), tags={"sweep": self.sweep})
 
+    def _guarded(self, event: Any, *args: Any) -> None:
+        """Run an event's handler; an error turns the export off (reported once), never the sweep."""
+        if self._broken:
+            return
+        try:
+            event(*args)
+        except Exception as e:  # noqa: BLE001 - the figures are a view; the sweep goes on without them
+            self._broken = True
+            log.warning("nalu-sweep: exporting the sweep's metrics to Ray failed (%s: %s); no more are exported",
+                        type(e).__name__, e)
+
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._guarded(self._started, trial)
+
+    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+        self._guarded(self._result, trial, result)
+
+    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._guarded(self._ended, trial, None)
+
+    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+        self._guarded(self._ended, trial, "failed")
+
+    def _started(self, trial: Any) -> None:
         self.figures.started(_keys(trial.trial_id, trial.config), "")
         self._export_counts()
 
-    def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
+    def _result(self, trial: Any, result: dict[str, Any]) -> None:
         m = self.metrics()
         node = str(result.get("node_ip") or "")
         for key, where, rate, new in self.figures.result(trial_steps(trial.trial_id, trial.config, result), node):
@@ -175,10 +202,6 @@ class SweepMetrics(Callback):
             trial.state = state or ("done" if trial.steps >= self.total_steps else "pruned")
             self.metrics()[SEED_STEPS_PER_SECOND].set(0.0, tags={"sweep": self.sweep, "trial": key, "node": trial.node})
 
-    def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._end(_keys(trial.trial_id, trial.config))
-        self._export_counts()
-
-    def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._end(_keys(trial.trial_id, trial.config), "failed")
+    def _ended(self, trial: Any, state: str | None) -> None:
+        self._end(_keys(trial.trial_id, trial.config), state)
         self._export_counts()

@@ -45,3 +45,22 @@ def test_the_callback_pickles_as_its_settings():
     copy = pickle.loads(pickle.dumps(callback))
     assert (copy.sweep, copy.seeds, copy.total_steps) == ("s", 3, 100)
     assert copy.figures.trials == {}
+
+
+class _Trial:
+    trial_id, config = "t1", {"lr": 0.1}
+
+
+def test_an_export_error_turns_the_export_off_and_never_reaches_the_sweep(caplog):
+    class Broken(SweepMetrics):
+        calls = 0
+
+        def metrics(self):
+            Broken.calls += 1
+            raise RuntimeError("no agent")
+
+    callback = Broken("s", seeds=1, total_steps=10)
+    callback.on_trial_start(0, [], _Trial())
+    callback.on_trial_result(0, [], _Trial(), {"step": 5})
+    callback.on_trial_complete(0, [], _Trial())
+    assert Broken.calls == 1 and "no agent" in caplog.text
