@@ -35,8 +35,8 @@ COPY dashboards ./dashboards
 RUN pip install --no-deps . \
     && chmod 0755 deploy/mlflow/start-mlflow.sh \
     && (id -u nalu >/dev/null 2>&1 || useradd --create-home nalu) \
-    && mkdir -p /shared/runs /mlflow/artifacts \
-    && chown -R nalu:nalu /shared /mlflow
+    && mkdir -p /shared/runs /mlflow/artifacts /tmp/ray \
+    && chown -R nalu:nalu /shared /mlflow /tmp/ray
 
 USER nalu
 WORKDIR /home/nalu
