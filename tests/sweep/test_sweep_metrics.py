@@ -64,3 +64,27 @@ def test_an_export_error_turns_the_export_off_and_never_reaches_the_sweep(caplog
     callback.on_trial_result(0, [], _Trial(), {"step": 5})
     callback.on_trial_complete(0, [], _Trial())
     assert Broken.calls == 1 and "no agent" in caplog.text
+
+
+class _Pack:
+    trial_id, config = "p1", {PACK_MEMBERS: [{}, {}]}
+
+
+def test_the_callback_records_through_a_real_ray(ray_address):
+    """Lone trials and packs through `ray.util.metrics` on the test session's Ray (which has
+    no metrics agent: the values are recorded, then dropped); nothing fails, and the figures
+    follow the events: a member ASHA stops inside its pack, a trial stopped short is pruned."""
+    callback = SweepMetrics("s", seeds=2, total_steps=100)
+    callback.on_trial_start(0, [], _Trial())
+    callback.on_trial_start(0, [], _Pack())
+    callback.on_trial_result(0, [], _Trial(), {"step": 50, "successes": 1, "node_ip": "10.0.0.1"})
+    callback.on_trial_result(0, [], _Pack(), {"members/0/step": 40, "members/0/state": "pruned",
+                                              "members/1/step": 40, "members/1/successes": 2, "node_ip": "10.0.0.2"})
+    assert callback.figures.counts() == {"running": 2, "done": 0, "pruned": 1, "failed": 0}
+    callback.on_trial_complete(0, [], _Trial())  # at step 50 of 100: stopped early
+    callback.on_trial_result(0, [], _Pack(), {"members/1/step": 100, "members/1/state": "done", "node_ip": "10.0.0.2"})
+    callback.on_trial_complete(0, [], _Pack())
+    assert not callback._broken
+    assert callback.figures.counts() == {"running": 0, "done": 1, "pruned": 2, "failed": 0}
+    assert callback.figures.solved() == 3
+    assert callback.figures.trials["p1.1"].node == "10.0.0.2"
