@@ -31,7 +31,7 @@ import ray_default  # noqa: E402
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-SWEEP, SEEDS, STEPS, TRIALS = "prom-smoke", 2, 3000, 2
+SWEEP, SEEDS, STEPS, TRIALS = "prom-smoke", 2, 2000, 2
 SPACE = loopback_stack.small_mul_space(SWEEP, seeds=SEEDS, steps=STEPS, eval_every=500, trials=TRIALS)
 OWN = {"ray_nalu_sweep_trials", "ray_nalu_sweep_seed_steps_per_second", "ray_nalu_sweep_seed_steps_total",
        "ray_nalu_sweep_seeds_solved"}
@@ -104,6 +104,12 @@ def prometheus_stack():
         discovery = ray_temp / "prom_metrics_service_discovery.json"
         loopback_stack.wait_until(lambda: discovery.exists() and json.loads(discovery.read_text())[0]["targets"],
                                   120, "ray head and its service-discovery file", stack.logs["ray-head"], head)
+        # the node's metrics agent up (it reports the node's figures): a driver that connects
+        # before it answers exports no metrics of its own
+        host = json.loads(discovery.read_text())[0]["targets"][0].rsplit(":", 1)[0]
+        agent = f"http://{host}:{metrics_port}/metrics"
+        loopback_stack.wait_until(lambda: b"ray_node_cpu_utilization" in urllib.request.urlopen(agent, timeout=2).read(),
+                                  120, "the head's metrics agent", stack.logs["ray-head"], head)
         prom_port = loopback_stack.free_port()
         config = root / "prometheus.yml"
         config.write_text(
