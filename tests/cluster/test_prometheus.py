@@ -1,6 +1,6 @@
 """The metrics path for real: a local Ray head with its metrics agent (``ray[default]``,
-`ray_default`), Debian's ``prometheus`` run natively and scraping the nodes Ray's
-service-discovery file lists, and a small sweep driven against that Ray. The sweep's own
+`ray_default`), Debian's ``prometheus`` run natively with the compose stack's
+configuration, scraping the nodes Ray's service-discovery file lists, and a small sweep driven against that Ray. The sweep's own
 figures (`service.sweep.metrics`) and Ray's node metrics must arrive in Prometheus, agree
 with the sweep's MLflow runs, and every query of ``dashboards/*.json`` must name metrics
 that the scrape returned.
@@ -31,6 +31,7 @@ import ray_default  # noqa: E402
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
+PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"  # docker-compose.yml's
 SWEEP, SEEDS, STEPS, TRIALS = "prom-smoke", 2, 2000, 2
 SPACE = loopback_stack.small_mul_space(SWEEP, seeds=SEEDS, steps=STEPS, eval_every=500, trials=TRIALS)
 OWN = {"ray_nalu_sweep_trials", "ray_nalu_sweep_seed_steps_per_second", "ray_nalu_sweep_seed_steps_total",
@@ -69,6 +70,29 @@ def metric_names(query: str) -> set[str]:
     return set(re.findall(r"\bray_[A-Za-z0-9_:]+", query))
 
 
+def shipped_config(discovery: Path) -> str:
+    """The compose stack's Prometheus configuration, reading ``discovery`` instead of the
+    head's /tmp/ray file and scraping every second."""
+    import yaml
+
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    config["global"]["scrape_interval"] = "1s"
+    for job in config["scrape_configs"]:
+        for sd in job["file_sd_configs"]:
+            assert sd["files"] == ["/tmp/ray/prom_metrics_service_discovery.json"]
+            sd["files"], sd["refresh_interval"] = [str(discovery)], "1s"
+    return yaml.safe_dump(config)
+
+
+def test_the_shipped_prometheus_config_is_valid():
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("Debian's prometheus (promtool) is not installed")
+    proc = subprocess.run([promtool, "check", "config", str(PROMETHEUS_CONFIG)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
 def test_every_dashboard_query_names_a_ray_metric():
     queries = dashboard_queries()
     assert "nalu-sweep.json" in queries
@@ -104,17 +128,17 @@ def prometheus_stack():
         discovery = ray_temp / "prom_metrics_service_discovery.json"
         loopback_stack.wait_until(lambda: discovery.exists() and json.loads(discovery.read_text())[0]["targets"],
                                   120, "ray head and its service-discovery file", stack.logs["ray-head"], head)
-        # the node's metrics agent up (it reports the node's figures): a driver that connects
-        # before it answers exports no metrics of its own
+        # the node's metrics agent up and listed (it exports the node's figures and the
+        # drivers'): the head lists it only once it is up, Prometheus may read the file before
         host = json.loads(discovery.read_text())[0]["targets"][0].rsplit(":", 1)[0]
-        agent = f"http://{host}:{metrics_port}/metrics"
-        loopback_stack.wait_until(lambda: b"ray_node_cpu_utilization" in urllib.request.urlopen(agent, timeout=2).read(),
-                                  120, "the head's metrics agent", stack.logs["ray-head"], head)
+        agent = f"{host}:{metrics_port}"
+        loopback_stack.wait_until(
+            lambda: agent in json.loads(discovery.read_text())[0]["targets"]
+            and b"ray_node_cpu_utilization" in urllib.request.urlopen(f"http://{agent}/metrics", timeout=2).read(),
+            120, "the head's metrics agent", stack.logs["ray-head"], head)
         prom_port = loopback_stack.free_port()
         config = root / "prometheus.yml"
-        config.write_text(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 5s\n"
-            f"scrape_configs:\n  - job_name: ray\n    file_sd_configs:\n      - files: ['{discovery}']\n")
+        config.write_text(shipped_config(discovery))
         prom = stack._spawn("prometheus", [prometheus, f"--config.file={config}", f"--storage.tsdb.path={root / 'tsdb'}",
                                            f"--web.listen-address=127.0.0.1:{prom_port}"])
         url = f"http://127.0.0.1:{prom_port}"
@@ -159,13 +183,14 @@ def swept(prometheus_stack):
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}\n" + "\n".join(
         f"--- {n}\n{p.read_text(errors='replace')[-2000:]}" for n, p in logs.items() if p.exists())
     time.sleep(3)  # a last scrape
-    return {**prometheus_stack, "tracking": tracking}
+    return {**prometheus_stack, "tracking": tracking, "driver_log": proc.stdout[-3000:] + proc.stderr[-5000:]}
 
 
 def test_the_sweeps_figures_and_rays_arrive_in_prometheus(swept):
     url = swept["url"]
     names = set(_api(url, "label/__name__/values"))
-    assert OWN <= names, sorted(OWN - names)
+    assert OWN <= names, (f"{sorted(OWN - names)} missing; Prometheus's targets: {_api(url, 'targets')}\n"
+                          f"the driver said: {swept['driver_log']}")
     assert {"ray_node_cpu_utilization", "ray_resources", "ray_node_mem_used"} <= names
 
     sel = f'sweep="{SWEEP}"'
