@@ -10,16 +10,27 @@ separately and combined as ``1 / (t_step + t_eval / 1000)``.
 
 Tasks: ``sequence_arithmetic`` (sum, 4 inputs, NAU read-out → NAU cell, length 10, test up
 to 1000) and ``sequential_digits`` (sum, 8×8 images, MLP 64→32→1 read-out → NAU cell).
+
+With ``--steps N`` (or ``--device cuda``, N = 2000 by default there) it times whole runs
+instead, as ``nalu-sweep run --task T --operation sum --seeds S --steps N`` trains them
+(evaluation every 1000 steps, ``compile: auto``: on a GPU compiled and replayed from CUDA
+graphs): each S twice in one process, the first run with compiling included ("cold"), the
+second without ("warm").
+
 Usage:
     python benchmarks/recurrent_throughput.py [--task sequence_arithmetic|sequential_digits]
                                               [--seconds 3] [--seeds 1,10,100] [--threads 1]
+                                              [--device cpu|cuda] [--steps N] [--units A,B]
+                                              [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import time
+from pathlib import Path
 
 import torch
 
@@ -35,6 +46,25 @@ def config(task: str, seeds: int) -> RunConfig:
         "train": {"steps": 1_000_000, "batch_size": 64, "eval_every": EVAL_EVERY},
         "seeds": seeds, "device": "cpu",
     })
+
+
+def run_rates(task_name: str, seeds: int, steps: int, device: str, units: str = "") -> dict:
+    """Whole runs of ``steps`` steps (the CLI's defaults, batch as ``nalu-sweep run``):
+    seed·steps/s with compiling (the first run of this shape in the process) and without.
+    ``units``: the layers as ``--units`` names them (default: the task's model)."""
+    layers = [{"unit": u.strip()} for u in units.split(",")] if units else None
+    cfg = RunConfig.model_validate({"task": {"kind": task_name, "operation": "sum"}, "seeds": seeds,
+                                    "model": {"layers": layers}, "device": device, "train": {"steps": steps}})
+    row: dict = {"task": task_name, "units": units or "default", "seeds": seeds, "steps": steps, "device": device}
+    for label in ("cold", "warm"):
+        started = time.perf_counter()
+        trainer = Trainer(cfg)
+        result = trainer.run()
+        wall = time.perf_counter() - started
+        row[f"{label}_s"] = round(wall, 2)
+        row[f"{label}_seed_steps_per_s"] = round(seeds * steps / wall)
+        row["compiled"], row["cuda_graphs"] = result.compiled, getattr(trainer, "_graph", None) is not None
+    return row
 
 
 def _timed(fn, seconds: float, minimum: int = 1) -> float:
@@ -133,16 +163,39 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=3.0, help="timed seconds per measurement")
     p.add_argument("--seeds", default="1,10,100")
     p.add_argument("--threads", default="1")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--steps", type=int, default=0,
+                   help="time whole runs of this many steps (default on cuda: 2000) instead of the ratio method")
+    p.add_argument("--units", default="", help="with --steps: the layers, e.g. nau,lstm (default: the task's)")
+    p.add_argument("--json", type=Path, help="write the measurements here (JSON)")
     args = p.parse_args()
-    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, task={args.task}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device")
+    steps = args.steps or (2000 if args.device == "cuda" else 0)
+    device_name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or platform.machine()
+    print(f"machine: {device_name}, torch {torch.__version__}, task={args.task}")
+    out = {"task": args.task, "device": args.device, "device_name": device_name, "torch": torch.__version__,
+           "rows": []}
     for threads in map(int, args.threads.split(",")):
         torch.set_num_threads(threads)
+        if steps:
+            print(f"\n[{threads} thread(s)] whole runs of {steps} steps on {args.device}")
+            for s in map(int, args.seeds.split(",")):
+                row = {"threads": threads, **run_rates(args.task, s, steps, args.device, args.units)}
+                out["rows"].append(row)
+                print(row, flush=True)
+            continue
         ref = reference_rate(args.task, args.seconds)
         print(f"\n[{threads} thread(s)] reference one-seed loop: {ref:,.0f} steps/s")
         print(f"{'S':>6} {'seed·steps/s':>14} {'× reference':>12}")
         for s in map(int, args.seeds.split(",")):
             rate = batched_rate(args.task, s, args.seconds)
+            out["rows"].append({"threads": threads, "seeds": s, "seed_steps_per_s": round(rate),
+                                "reference_steps_per_s": round(ref), "ratio": round(rate / ref, 2)})
             print(f"{s:>6} {rate:>14,.0f} {rate / ref:>12.1f}", flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":

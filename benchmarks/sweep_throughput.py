@@ -14,7 +14,9 @@ Usage:
     python benchmarks/sweep_throughput.py [--trials 32] [--seeds 16] [--steps 20000]
         [--packs 1,4,8,16] [--device cpu|cuda] [--gpus-per-trial ...] [--json out.json]
     python benchmarks/sweep_throughput.py --level trainer ...   # the training loop alone:
-        K trials as one PackedTrainer against K Trainers one after another
+        K trials as one PackedTrainer against K Trainers one after another, and the next
+        pack of K − 1 (``next_pack_s``: compiled, it should cost (K − 1)/K of the first
+        less its set-up, ``next_pack_if_no_setup_s`` for comparison)
 """
 
 from __future__ import annotations
@@ -90,6 +92,12 @@ def trainer_level(args, pack: int) -> dict:
     started = time.perf_counter()
     PackedTrainer(members).run()
     packed = time.perf_counter() - started
+    row: dict = {}
+    if pack > 1:  # the next pack, one member fewer (a pruned trial): compiled, it reuses the step
+        started = time.perf_counter()
+        PackedTrainer(members[1:]).run()
+        row = {"next_pack_s": round(time.perf_counter() - started, 1),
+               "next_pack_if_no_setup_s": round(packed * (pack - 1) / pack, 1)}
     started = time.perf_counter()
     for member in members:
         Trainer(member).run()
@@ -97,7 +105,7 @@ def trainer_level(args, pack: int) -> dict:
     seed_steps = pack * args.seeds * args.steps
     return {"pack": pack, "packed_s": round(packed, 1), "one_by_one_s": round(alone, 1),
             "packed_seed_steps_per_s": round(seed_steps / packed),
-            "one_by_one_seed_steps_per_s": round(seed_steps / alone), "ratio": round(alone / packed, 2)}
+            "one_by_one_seed_steps_per_s": round(seed_steps / alone), "ratio": round(alone / packed, 2), **row}
 
 
 def main() -> None:
@@ -141,7 +149,13 @@ def main() -> None:
             print(f"{r['pack']:>5} {r['gpus_per_trial']:>10g} {r['wall_s']:>8} {r['seed_steps_per_s']:>13} "
                   f"{r.get('vs_unpacked', ''):>10}")
     if args.json:
-        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "rows": rows}, indent=1))
+        import torch
+
+        device_name = (torch.cuda.get_device_name() if args.device == "cuda"
+                       else platform.processor() or platform.machine())
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "torch": torch.__version__,
+                                         "device_name": device_name, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

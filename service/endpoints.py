@@ -167,7 +167,8 @@ def check_tracking_uri(uri: str, flag: str = "--tracking-uri") -> None:
         except (OSError, ValueError) as e:
             raise UnreachableError(
                 f"cannot reach the MLflow tracking server at {redact(uri)} ({_reason(e, timeout)})"
-                f"; start it (mlflow server --host 0.0.0.0 --port {port}), check the "
+                f"; start it (on this machine: nalu-sweep ui --tracking-uri sqlite:///mlflow.db --port {port}; "
+                f"for a team, the authenticated server of docs/cluster.md), check the "
                 f"address, raise ${TIMEOUT_ENV} for a slow network, or leave out {flag} to record "
                 "into the embedded ./mlflow.db") from None
     elif base in _DB_PORTS:

@@ -28,6 +28,29 @@ def fmt_number(value: Any, spec: str = ".3g") -> str:
     return MISSING if v is None else format(v, spec)
 
 
+def floor_to(value: float, digits: int = 2) -> float:
+    """``value`` rounded down to ``digits`` decimals: a lower interval end shown beside a
+    threshold (0.7985 as 0.79, never 0.80 when 0.8 is the bar it misses)."""
+    scale = 10 ** digits
+    return math.floor(round(value * scale, 6)) / scale
+
+
+def ceil_to(value: float, digits: int = 2) -> float:
+    """``value`` rounded up to ``digits`` decimals (an upper interval end)."""
+    scale = 10 ** digits
+    return math.ceil(round(value * scale, 6)) / scale
+
+
+def fmt_interval(low: Any, high: Any, sep: str = ", ", digits: int = 2) -> str:
+    """``0.79, 0.98``: an interval rounded outwards (its lower end down, its upper end up),
+    so a shown end never crosses a threshold the true one does not; ``""`` when either is
+    not a finite number."""
+    lo, hi = finite(low), finite(high)
+    if lo is None or hi is None:
+        return ""
+    return f"{floor_to(lo, digits):.{digits}f}{sep}{ceil_to(hi, digits):.{digits}f}"
+
+
 def fmt_param(value: Any) -> str:
     """A parameter value (a logged string or a Python value): numbers to 3 significant
     digits, integers as they are, anything else as text; ``—`` when missing."""

@@ -1,7 +1,7 @@
 """Which run configurations can train as one pack, decided from the configs alone.
 
 The members of a pack share their structure — task, units, categorical options, steps,
-batch, loss, clipping — and may differ only in the continuous settings the trainer holds
+batch, loss, clipping, device and compile mode — and may differ only in the continuous settings the trainer holds
 per seed (`service.training.seed_settings`). The sweep's driver groups trials by these
 rules without loading torch; the trainer checks a pack with the same ones.
 """
@@ -21,8 +21,10 @@ OPTIMIZER_FIELDS = frozenset({"lr", "lr_min", "betas", "eps", "momentum", "alpha
 """`OptimizerConfig` fields that may differ per seed."""
 REGULARIZER_FIELDS = frozenset({"lambda_max", "t_start", "t_end", "oob"})
 """`RegularizerSchedule` fields that may differ per seed (whether ``oob`` is 0 may not)."""
-_RUN_FIELDS = ("seeds", "seed_offset", "master_seed", "device", "compile", "cuda_graphs")
-"""Run-config fields that are per member (seed ids and streams) or do not change numbers."""
+_RUN_FIELDS = ("seeds", "seed_offset", "master_seed")
+"""Run-config fields that are per member (seed ids and streams). ``device``, ``compile``
+and ``cuda_graphs`` are structure: a pack runs in one mode, so its members must be ones
+that would run in that mode alone (compiled and eager steps round differently)."""
 
 
 def packable_options() -> frozenset[str]:

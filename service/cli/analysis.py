@@ -23,7 +23,6 @@ from service.cli.common import (
 from service.errors import UserError
 from service.formatting import MISSING, fmt_number, fmt_param
 from service.names import require_sweep_name
-from service.tracking.store import TAG_SOURCE_RUN
 
 
 @app.command()
@@ -53,10 +52,10 @@ def report(
         console.print(line, highlight=False)
     console.print(f"report: [bold]{files.html.resolve()}[/] ({len(files.pngs)} PNGs)", highlight=False)
     if files.logged_to:
-        from service.cli.decision import print_links
+        from service.cli.decision import print_sweep_links
 
         console.print(f"logged to MLflow: {files.logged_to}", highlight=False)
-        print_links(uri, files.data.view.experiment_id, files.data.view.run_id, report=True)
+        print_sweep_links(uri, files.data.view, report=True)
 
 
 @app.command()
@@ -109,14 +108,11 @@ def compare(
         require_sweep_name(name2, "NAME2")
         uri = tracking_uri_of(tracking_uri, must_exist=True)
         require_sweeps(uri, name1, name2)
-        from service.tracking.queries import load_sweep, validation_runs
+        from service.tracking.queries import load_sweep, validated_metrics
 
         client = open_client(uri)
         views = [load_sweep(client, n) for n in (name1, name2)]
-        validated = [{r.data.tags.get(TAG_SOURCE_RUN, ""): dict(r.data.metrics)
-                      for r in sorted(validation_runs(client, v.experiment_id, v.run_id),
-                                      key=lambda r: r.info.start_time or 0) if r.info.status == "FINISHED"}
-                     for v in views]
+        validated = [validated_metrics(client, v) for v in views]
     except UserError as e:
         fail(str(e))
     rows = []

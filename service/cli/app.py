@@ -19,8 +19,10 @@ from typer.core import TyperGroup
 # trial's seeds.csv...): noise in a terminal. Real warnings still come through.
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-console = Console()
-err_console = Console(stderr=True)
+# soft_wrap: a line of text (a command to copy, a link) is never broken by rich, in a
+# terminal or a pipe; tables still fit the width they are given
+console = Console(soft_wrap=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 def print_error(message: str) -> None:
@@ -50,7 +52,8 @@ class _Group(TyperGroup):
             message = e.format_message()
             ctx = getattr(e, "ctx", None)
             if isinstance(e, UsageError) and ctx is not None:
-                message = message.rstrip(".") + f". See `{ctx.command_path} --help`."
+                message = message.rstrip(".")
+                message += ("" if message.endswith(("?", "!")) else ".") + f" See `{ctx.command_path} --help`."
             from rich.markup import escape
 
             print_error(escape(message))

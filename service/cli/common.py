@@ -78,8 +78,11 @@ def success_cell(metrics: dict[str, float]) -> str:
         text = f"{int(metrics['successes'])}/{int(metrics['n_seeds'])}"
     else:
         text = f"{metrics['success_rate']:.0%}"
-    if "success_ci_low" in metrics and "success_ci_high" in metrics:
-        text += f" [{metrics['success_ci_low']:.2f}, {metrics['success_ci_high']:.2f}]"
+    from service.formatting import fmt_interval
+
+    ci = fmt_interval(metrics.get("success_ci_low"), metrics.get("success_ci_high"))
+    if ci:
+        text += f" [{ci}]"
     return text
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from service.cli.app import console
+from service.cli.common import open_client
 from service.errors import UserError
 
 FORMATS = ("table", "yaml", "json")
@@ -18,13 +19,16 @@ FORMATS = ("table", "yaml", "json")
 
 # -- links ------------------------------------------------------------------------------------------
 def mlflow_links(uri: str, experiment_id: str, parent_run_id: str | None = None,
-                 report: bool = False) -> list[str]:
-    """Lines naming the sweep's MLflow runs table (and its report artifact), with how to
+                 report: bool = False, compare: list[str] = ()) -> list[str]:
+    """Lines naming the sweep's views in MLflow: the top settings compared (``compare``: their
+    run ids, see `compare_ids`), the report artifact, the whole runs table; with how to
     serve a local store."""
-    from service.tracking.links import artifact_url, runs_table_url, ui_base
+    from service.tracking.links import artifact_url, compare_runs_url, runs_table_url, ui_base
 
     base, served = ui_base(uri)
     lines = []
+    if compare:
+        lines.append(f"top settings in MLflow: {compare_runs_url(base, experiment_id, list(compare))}")
     if report and parent_run_id:
         lines.append(f"report in MLflow: {artifact_url(base, experiment_id, parent_run_id, 'report/report.html')}")
     lines.append(f"MLflow runs table: {runs_table_url(base, experiment_id)}")
@@ -33,9 +37,32 @@ def mlflow_links(uri: str, experiment_id: str, parent_run_id: str | None = None,
     return lines
 
 
-def print_links(uri: str, experiment_id: str, parent_run_id: str | None = None, report: bool = False) -> None:
-    for line in mlflow_links(uri, experiment_id, parent_run_id, report):
+def compare_ids(view: Any, validations: dict[str, Any], top: int = 3) -> list[str]:
+    """The run ids worth comparing: the ``top`` ranked trials, each followed by its latest
+    validation run (``validations``: trial run id → run), so the search's interval and the
+    fresh seeds' stand side by side."""
+    ids = []
+    for row in view.ranked()[:top]:
+        ids.append(row.run_id)
+        if row.run_id in validations:
+            ids.append(validations[row.run_id].info.run_id)
+    return ids
+
+
+def print_links(uri: str, experiment_id: str, parent_run_id: str | None = None, report: bool = False,
+                compare: list[str] = ()) -> None:
+    for line in mlflow_links(uri, experiment_id, parent_run_id, report, compare):
         console.print(line, highlight=False, soft_wrap=True)
+
+
+def print_sweep_links(uri: str, view: Any, report: bool = False, validations: dict[str, Any] | None = None) -> None:
+    """`print_links` for a sweep read back from the store: its top settings compared with
+    their validations (read here unless given), its report when ``report``."""
+    if validations is None:
+        from service.tracking.queries import latest_validations
+
+        validations = latest_validations(open_client(uri), view)
+    print_links(uri, view.experiment_id, view.run_id, report=report, compare=compare_ids(view, validations))
 
 
 def has_report(view: Any) -> bool:
@@ -46,17 +73,40 @@ def has_report(view: Any) -> bool:
 
 
 def ui_links(uri: str, base: str) -> list[str]:
-    """One runs-table link per sweep in the store, for ``nalu-sweep ui``."""
+    """One runs-table link per sweep in the store, for ``nalu-sweep ui``; a sweep recorded
+    before its experiment shared the runs table's view gets it now (`share_missing_views`)."""
     from service.endpoints import check_tracking_uri
     from service.tracking import store
     from service.tracking.links import runs_table_url
 
     try:
         check_tracking_uri(uri)  # bounded: a server that does not answer must not hold `ui` in retries
-        experiments = store.retry(lambda: store.client(uri).search_experiments())
+        client = store.client(uri)
+        experiments = store.retry(lambda: client.search_experiments())
     except Exception:  # noqa: BLE001 - the UI still starts; the links are a convenience
         return []
-    return [f"  {e.name}: {runs_table_url(base, e.experiment_id)}" for e in experiments if e.name != "Default"]
+    experiments = [e for e in experiments if e.name != "Default"]
+    share_missing_views(client, experiments)
+    return [f"  {e.name}: {runs_table_url(base, e.experiment_id)}" for e in experiments]
+
+
+def share_missing_views(client: Any, experiments: list[Any]) -> None:
+    """Give each sweep's experiment that lacks it the shared view the links open (sweeps
+    recorded by an earlier version); one that cannot be written is left as it is."""
+    from service.tracking import runs
+    from service.tracking.best import searched_names
+    from service.tracking.links import SHARE_KEY, TAG_SHARED_VIEW, describe_experiment
+
+    for e in experiments:
+        if TAG_SHARED_VIEW + SHARE_KEY in (e.tags or {}):
+            continue
+        try:
+            parent = runs.find_sweep_run(client, e.experiment_id, e.name)
+            if parent is not None:
+                searched = searched_names(dict(parent.data.params)) or []
+                describe_experiment(client, e.experiment_id, e.name, searched)
+        except Exception:  # noqa: BLE001 - a read-only server or user: the links still open the table
+            continue
 
 
 # -- the best trial as a run config ---------------------------------------------------------------------
@@ -177,12 +227,15 @@ def validate_and_report(uri: str, name: str, top: int, seeds: int, address: str 
         console.print(f"reuse it: nalu-sweep best {name} --format yaml > best.yaml && nalu-sweep run best.yaml",
                       highlight=False)
     console.print(f"report: [bold]{files.html.resolve()}[/]", highlight=False)
-    print_links(uri, files.data.view.experiment_id, files.data.view.run_id, report=True)
+    print_sweep_links(uri, files.data.view, report=True)
 
 
 def _interval_text(part: dict[str, Any] | None) -> str:
     if not part:
         return "—"
     low, high = part.get("ci_low"), part.get("ci_high")
-    ci = f" [95% CI {low:.2f}–{high:.2f}]" if low is not None and high is not None else ""
+    from service.formatting import fmt_interval
+
+    ci = fmt_interval(low, high, "–")
+    ci = f" [95% CI {ci}]" if ci else ""
     return f"{part['successes']}/{part['n']} seeds{ci}"

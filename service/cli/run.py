@@ -21,7 +21,7 @@ from rich.table import Table
 
 from service.cli.app import app, console, fail
 from service.errors import UserError
-from service.formatting import fmt_number
+from service.formatting import fmt_interval, fmt_number
 
 if TYPE_CHECKING:  # torch comes in with these: only the verb that trains imports them
     from service.config import RunConfig
@@ -164,7 +164,17 @@ def run_with_progress(config: RunConfig, console: Console, quiet: bool = False) 
             status = f"solved {solved}/{config.seeds}, diverged {int(report.diverged.sum())}"
             progress.update(bar, completed=report.step, status=status)
 
-        return trainer.run(on_eval)
+        result = trainer.run(on_eval)
+        progress.update(bar, completed=config.train.steps, status=final_status(result))
+        return result
+
+
+def final_status(result: RunResult) -> str:
+    """The progress line's last words: the result's own counts, so they agree with the table
+    under it (the live hint counts seeds under the thresholds at one evaluation; the result
+    judges each seed at its best step)."""
+    a = result.aggregate
+    return f"solved {a.successes}/{a.n_seeds}, diverged {a.diverged}"
 
 
 def _ci(low: float | None, high: float | None) -> str:
@@ -188,7 +198,7 @@ def print_run_result(result: RunResult, console: Console) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_row("success rate [95% CI]", f"{a.successes}/{a.n_seeds} = {a.success_rate:.0%} "
-                  f"[{a.success_ci_low:.0%}, {a.success_ci_high:.0%}]")
+                  f"[{fmt_interval(a.success_ci_low, a.success_ci_high)}]")
     table.add_row("solved_at median", fmt_number(a.solved_at_median, ".0f"))
     table.add_row("sparsity error (solved seeds, best step) [95% CI]",
                   f"{fmt_number(a.sparsity_error_mean)} {_ci(a.sparsity_error_ci_low, a.sparsity_error_ci_high)}")

@@ -38,16 +38,19 @@ def _searched_names(view, rows) -> list[str]:
     return [n for n in names if any(r.params.get(n) is not None for r in rows)]
 
 
-def best_table(view, top: int, include_pruned: bool = False, width: int | None = None) -> Table:
+def best_table(view, top: int, include_pruned: bool = False, width: int | None = None,
+               validated: dict[str, dict[str, float]] | None = None) -> Table:
     """The robust settings of a sweep: parameters, success rate [95% CI], solved_at,
     sparsity error (mean over solved seeds at their best step, the papers' figure) and the
     final model's, ranked by the objective (the CI's lower end, then tie-breakers).
 
-    Columns no row has a value in are left out. When one column per parameter would not
+    ``validated`` (trial run id → metrics on fresh seeds) adds the validation interval beside
+    the search's. Columns no row has a value in are left out. When one column per parameter would not
     fit in ``width`` characters (a terminal's), the parameters share one ``settings``
     column whose text wraps between them, so no value is cut short."""
     rows = view.ranked(include_pruned)[:top]
     names = _searched_names(view, rows)
+    validated = validated or {}
     metric_cols = {"success [95% CI]": lambda m: success_cell(m),
                    "solved_at median": lambda m: fmt_number(m.get("solved_at_median"), ".0f"),
                    "sparsity error (solved, best step)": lambda m: fmt_number(m.get("sparsity_error_mean")),
@@ -55,11 +58,17 @@ def best_table(view, top: int, include_pruned: bool = False, width: int | None =
                    "diverged": lambda m: fmt_number(m.get("diverged"), ".0f")}
     metric_cols = {col: cell for col, cell in metric_cols.items()
                    if col == "success [95% CI]" or any(cell(r.metrics) != MISSING for r in rows)}
+    if any(r.run_id in validated for r in rows):  # beside the search's interval
+        cols = list(metric_cols.items())
+        cols.insert(1, ("validation [95% CI]", None))
+        metric_cols = dict(cols)
     header = ["#", "trial", *names, *metric_cols, "objective"] + (["outcome"] if include_pruned else [])
     body = []
     for i, r in enumerate(rows, 1):
+        fresh = success_cell(validated[r.run_id]) if r.run_id in validated else MISSING
         cells = [str(i), r.name, *(fmt_param(r.params.get(n)) for n in names),
-                 *(cell(r.metrics) for cell in metric_cols.values()), fmt_number(r.objective, ".4f")]
+                 *(cell(r.metrics) if cell else fresh for cell in metric_cols.values()),
+                 fmt_number(r.objective, ".4f")]
         body.append(cells + ([str(r.outcome)] if include_pruned else []))
     natural = sum(max(len(h), *(len(c[j]) for c in body)) + 3 for j, h in enumerate(header)) + 1 if body else 0
     table = Table(title=f"sweep {view.name}: top {len(rows)} by success_ci_low "
@@ -70,22 +79,26 @@ def best_table(view, top: int, include_pruned: bool = False, width: int | None =
         for cells in body:
             table.add_row(*cells)
         return table
-    # narrow: rank, trial, success and objective, the rest one item per line
-    for h in ("#", "trial", "success [95% CI]", "objective"):
+    # narrow: rank, trial, success and objective, the rest one paragraph that folds
+    firsts = ("#", "trial", *(h for h in ("success [95% CI]", "validation [95% CI]") if h in metric_cols),
+              "objective")
+    for h in firsts:
         table.add_column(h, justify="left" if h == "trial" else "right", no_wrap=True)
     table.add_column("settings and metrics", overflow="fold")
     for cells in body:
         by = dict(zip(header, cells))
         details = [f"{n}={by[n]}" for n in names if by[n] != MISSING]
-        details += [f"{h}: {by[h]}" for h in metric_cols if h != "success [95% CI]"]
+        details += [f"{h}: {by[h]}" for h in metric_cols if h not in firsts]
         if include_pruned:
             details.append(f"outcome: {by['outcome']}")
-        table.add_row(by["#"], by["trial"], by["success [95% CI]"], by["objective"], "\n".join(details))
+        table.add_row(*(by[h] for h in firsts), ", ".join(details))
     return table
 
 
-def winner_table(view, include_pruned: bool = False) -> Table | None:
-    """The most robust setting, one line per parameter and metric (fits any width)."""
+def winner_table(view, include_pruned: bool = False,
+                 validated: dict[str, dict[str, float]] | None = None) -> Table | None:
+    """The most robust setting, one line per parameter and metric (fits any width), with
+    its validation on fresh seeds when it has one."""
     rows = view.ranked(include_pruned)
     if not rows:
         return None
@@ -96,6 +109,8 @@ def winner_table(view, include_pruned: bool = False) -> Table | None:
     for name in _searched_names(view, [r]):
         table.add_row(name, fmt_param(r.params.get(name)))
     table.add_row("success [95% CI]", success_cell(m))
+    if validated and r.run_id in validated:
+        table.add_row("validation [95% CI]", f"{success_cell(validated[r.run_id])} on fresh seeds")
     for label, key, spec in (("solved_at median", "solved_at_median", ".0f"),
                              ("sparsity error (solved seeds, best step)", "sparsity_error_mean", None),
                              ("final sparsity error", "final_sparsity_error_mean", None),
@@ -189,8 +204,12 @@ def sweep(
         console.print(f"[yellow]cannot show the best settings now ({type(e).__name__}); "
                       f"try `nalu-sweep best {summary.name}` later[/]", highlight=False)
         view = None
+    deciding = view is not None and validate is not None and summary.outcome == Outcome.COMPLETED
+    ranking = None
     if view is not None and view.ranked():
-        print_wide(best_table(view, top=5, width=console.width if console.is_terminal else None))
+        ranking = best_table(view, top=5, width=console.width if console.is_terminal else None)
+        if not deciding:  # else after the verdict: the answer first, the long table under it
+            print_wide(ranking)
     if summary.outcome != Outcome.COMPLETED:
         console.print(f"details: [bold]nalu-sweep best {summary.name}[/], or browse with [bold]nalu-sweep ui[/]",
                       highlight=False)
@@ -203,11 +222,14 @@ def sweep(
                                          stop_ray=summary.ray_left_running)
         except UserError as e:
             fail(str(e))
+        if ranking is not None:
+            print_wide(ranking)
         return
     if view is not None:
         decision.best_line(view)
     decision.next_steps(summary.name)
-    decision.print_links(summary.tracking_uri, summary.experiment_id)
+    decision.print_links(summary.tracking_uri, summary.experiment_id, compare=decision.compare_ids(view, {})
+                         if view is not None else [])
 
 
 @app.command()
@@ -220,11 +242,12 @@ def status(
         if name is not None:
             require_sweep_name(name, "NAME")
         uri = tracking_uri_of(tracking_uri, must_exist=True)
-        from service.tracking.queries import list_sweeps, load_sweep, sweep_names
+        from service.tracking.queries import list_sweeps, load_sweep, sweep_names, validated_metrics
 
         client = open_client(uri)
         try:
             views = [load_sweep(client, name)] if name else list_sweeps(client)
+            validated = {v.run_id: validated_metrics(client, v) for v in views if v is not None}
         except Exception as e:  # noqa: BLE001 - an unreachable or refusing tracking store
             raise UserError(f"cannot read the MLflow tracking store {uri}: {e}") from None
         if name and views[0] is None:
@@ -246,9 +269,13 @@ def status(
                      "finished/planned": f"{finished}/{v.planned_trials or '?'}", "running": str(c["running"]),
                      "completed": str(c["completed"]), "pruned": str(c["pruned"]), "failed": str(c["failed"]),
                      "interrupted": str(c["interrupted"]), "best objective": fmt_number(top.objective if top else None, ".4f"),
-                     "best success [95% CI]": success_cell(top.metrics) if top else "—"})
-    # a count that is 0 for every sweep is left out (it would only take room)
-    cols = [k for k in rows[0] if k not in ("running", "interrupted", "failed") or any(r[k] != "0" for r in rows)]
+                     "best success [95% CI]": success_cell(top.metrics) if top else "—",
+                     "its validation [95% CI]": (success_cell(validated[v.run_id][top.run_id])
+                                                 if top and top.run_id in validated[v.run_id] else "—")})
+    # a count that is 0 for every sweep is left out (it would only take room), and so is a
+    # validation no sweep has
+    cols = [k for k in rows[0] if k not in ("running", "interrupted", "failed", "its validation [95% CI]")
+            or any(r[k] not in ("0", "—") for r in rows)]
     natural = sum(max(len(col), *(len(r[col]) for r in rows)) + 3 for col in cols) + 1
     if console.is_terminal and natural > console.width:  # one short table per sweep, nothing cut
         for r in rows:
@@ -268,11 +295,14 @@ def status(
         print_wide(table)
     if name:
         v = views[0]
+        fresh = validated[v.run_id]
         trials = Table(title=f"trials of {v.name}")
-        for col in ("trial", "outcome", "status", "objective", "success [95% CI]"):
+        for col in ("trial", "outcome", "status", "objective", "success [95% CI]",
+                    *(["validation [95% CI]"] if fresh else [])):
             trials.add_column(col)
         for t in v.trials:
-            trials.add_row(t.name, t.outcome, t.status, fmt_number(t.objective, ".4f"), success_cell(t.metrics))
+            trials.add_row(t.name, t.outcome, t.status, fmt_number(t.objective, ".4f"), success_cell(t.metrics),
+                           *([success_cell(fresh[t.run_id]) if t.run_id in fresh else "—"] if fresh else []))
         print_wide(trials)
 
 
@@ -298,7 +328,7 @@ def best(
         if format_ not in decision.FORMATS:
             raise UserError(f"--format {format_!r}: one of {', '.join(decision.FORMATS)}")
         uri = tracking_uri_of(tracking_uri, must_exist=True)
-        from service.tracking.queries import load_sweep, sweep_names
+        from service.tracking.queries import latest_validations, load_sweep, sweep_names
 
         client = open_client(uri)
         try:
@@ -314,6 +344,8 @@ def best(
         if trial is not None:
             view.trials = [decision.pick_trial(view, trial, include_pruned=True)]
             include_pruned = True
+        validations = latest_validations(client, view)
+        validated = {trial: dict(run.data.metrics) for trial, run in validations.items()}
     except UserError as e:
         fail(str(e))
     if not view.ranked(include_pruned):
@@ -321,9 +353,10 @@ def best(
         console.print(f"sweep {name}: no finished trial yet ({c['running']} running, {c['pruned']} pruned, "
                       f"{c['failed']} failed)")
         return
-    console.print(winner_table(view, include_pruned))
-    print_wide(best_table(view, top, include_pruned, width=console.width if console.is_terminal else None))
-    decision.print_links(uri, view.experiment_id, view.run_id, report=decision.has_report(view))
+    console.print(winner_table(view, include_pruned, validated))
+    print_wide(best_table(view, top, include_pruned, width=console.width if console.is_terminal else None,
+                          validated=validated))
+    decision.print_sweep_links(uri, view, report=decision.has_report(view), validations=validations)
 
 
 @app.command()

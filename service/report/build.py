@@ -71,7 +71,10 @@ def load_dashboard(path: Path | None = None) -> Dashboard:
 def _rate(metrics: dict[str, float]) -> str:
     k, n = int(metrics.get("successes", 0)), int(metrics.get("n_seeds", 0))
     low, high = finite(metrics.get("success_ci_low")), finite(metrics.get("success_ci_high"))
-    ci = f" [95% CI {low:.2f}–{high:.2f}]" if low is not None and high is not None else ""
+    from service.formatting import fmt_interval
+
+    ci = fmt_interval(low, high, "–")
+    ci = f" [95% CI {ci}]" if ci else ""
     return f"{k} of {n} seeds{ci}"
 
 

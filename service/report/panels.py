@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from service.formatting import finite, fmt_number, fmt_param
+from service.formatting import finite, fmt_interval, fmt_number, fmt_param
 from service.report.data import ReportData
 from service.scoring.metrics import wilson_interval
 from service.tracking.store import Outcome
@@ -111,7 +111,7 @@ def ranking_forest(data: ReportData, options: dict[str, Any]) -> Panel:
             ys.append(label)
             hover.append(f"{label}<br>{short_params(t.params, data.searched)}<br>"
                          f"{int(metrics.get('successes', 0))}/{int(metrics.get('n_seeds', 0))} seeds "
-                         f"[{low:.2f}, {high:.2f}]")
+                         f"[{fmt_interval(low, high)}]")
         if xs:
             fig.add_trace(go.Scatter(
                 x=xs, y=ys, mode="markers", name=source, marker={"color": color, "size": 9},
@@ -131,7 +131,7 @@ def ranking_forest(data: ReportData, options: dict[str, Any]) -> Panel:
         if v is not None:
             ci = _ci_of(v.metrics)
             vtext = (f"{int(v.metrics.get('successes', 0))}/{int(v.metrics.get('n_seeds', 0))} "
-                     f"[{ci[1]:.2f}, {ci[2]:.2f}]") if ci else "—"
+                     f"[{fmt_interval(ci[1], ci[2])}]") if ci else "—"
         table.append([label.split()[0], t.name, t.outcome, *[metric_cell(t.metrics, m) for m in metrics], vtext,
                       short_params(t.params, data.searched)])
     return Panel(fig, "Ranked by the objective (lower end of the 95% Wilson interval). A setting is robust when "

@@ -28,8 +28,10 @@ class Verdict:
         return _WORDS[self.key]
 
     def sentence(self) -> str:
+        from service.formatting import floor_to
+
         basis = "on fresh seeds" if self.validated else "during the search, not yet validated"
-        return (f"Verdict: {self.words} (the lower end of the 95% interval is {self.ci_low:.2f}, "
+        return (f"Verdict: {self.words} (the lower end of the 95% interval is {floor_to(self.ci_low):.2f}, "
                 f"{basis}).")
 
 

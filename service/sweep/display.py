@@ -18,7 +18,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from service.formatting import fmt_param
+from service.formatting import fmt_interval, fmt_param
 from service.scoring.objective import OBJECTIVE
 from service.sweep.results import (
     DONE,
@@ -195,7 +195,7 @@ class SweepBoard:
             if t.successes is not None:
                 success = f"{t.successes}/{t.n_seeds}"
                 if t.ci:
-                    success += f" [{t.ci[0]:.2f}, {t.ci[1]:.2f}]"
+                    success += f" [{fmt_interval(t.ci[0], t.ci[1])}]"
             style = {"done": "green", "pruned": "yellow", "failed": "red"}.get(t.state, "")
             table.add_row(t.name, Text(t.state, style=style), progress,
                           f"{t.objective:.3f}" if t.objective is not None else "—", success,

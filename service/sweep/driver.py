@@ -258,7 +258,7 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
     from ray import tune
 
     experiment_id = store.ensure_experiment(client, options.name, options.tracking_uri)
-    describe_experiment(client, experiment_id, options.name)
+    describe_experiment(client, experiment_id, options.name, list(space.params))
     if options.resume:
         parent_run_id = parent.info.run_id
         closed = runs.close_stale_trial_runs(client, experiment_id, parent_run_id, options.tracking_uri)

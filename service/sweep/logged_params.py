@@ -1,5 +1,6 @@
 """The parameters logged with every trial besides its searched ones: the task's
-(``task.*``) and the regulariser schedule it trains with (``regularizer.*``)."""
+(``task.*``), the regulariser schedule it trains with (``regularizer.*``) and the mode its
+steps run in (``compile_mode``: compiled or eager)."""
 
 from __future__ import annotations
 
@@ -40,4 +41,19 @@ def regularizer_params(configs: dict[str, RunConfig]) -> dict[str, Any]:
         schedule = config.regularizer()
         out.update({f"{prefix}{key}": value for key, value in schedule.model_dump().items()})
         out[f"{prefix}source"] = "reference_scaled" if config.train.regularizer is None else "config"
+    return out
+
+
+def compile_params(configs: dict[str, RunConfig]) -> dict[str, Any]:
+    """The mode each task of the trial trains in, ``compiled`` or ``eager``, as ``compile``
+    resolves it on this worker's device (`service.training.trainer.compile_mode`), logged
+    as ``compile_mode`` (``compile_mode.<task>`` for several tasks)."""
+    from service.training.trainer import compile_mode
+
+    out: dict[str, Any] = {}
+    for name, config in configs.items():
+        try:
+            out["compile_mode" if len(configs) == 1 else f"compile_mode.{name}"] = compile_mode(config)
+        except ValueError:  # a device torch does not see: the trial fails in its own run, recorded there
+            pass
     return out

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from service.errors import UserError
 from service.formatting import redact
 from service.sweep.results import (
-    DONE, PACK_MEMBERS, PRUNED, STATE, STEP, is_metric_key, member_key, member_results,
+    DONE, PACK_MEMBERS, PRUNED, STATE, STEP, is_metric_key, member_key, member_results, stopped_early,
 )
 from service.tracking import runs, store
 from service.tracking.best import record_best
@@ -42,7 +42,7 @@ def tune_trials(grid: Any, board: SweepBoard, total_steps: int) -> dict[str, Tun
         if result.error is not None:
             state = "failed"
         else:
-            state = "done" if float(metrics.get(STEP, 0) or 0) >= total_steps else "pruned"
+            state = "pruned" if stopped_early(metrics, total_steps) else "done"
         out[trial_id] = TuneTrial(state, metrics)
     for trial_id, line in board.trials.items():
         if line.state != "pending":
@@ -70,9 +70,11 @@ def settle_trial_runs(client: Any, experiment_id: str, parent_run_id: str,
     A child run still RUNNING (or closed as ``interrupted`` when a resume began) whose trial
     Tune saw finish was stopped before its own ``finally`` ran (Tune does not wait for a
     stopped trial's thread, nor for a killed driver's): close it as Tune reports it
-    (pruned / failed / completed). Runs of trials unknown to Tune were started just before a
-    crash, after Tune last saved its state: the restored sweep never runs them, so once
-    the sweep is complete they are deleted rather than left as phantom trials.
+    (pruned / failed / completed); one whose run an earlier attempt finished (its final
+    parameters' digest is there: a trial run again after a resume) stays completed. Runs
+    of trials unknown to Tune were started just before a crash, after Tune last saved its
+    state: the restored sweep never runs them, so once the sweep is complete they are
+    deleted rather than left as phantom trials.
     """
     outcomes = {"done": Outcome.COMPLETED, "pruned": Outcome.PRUNED, "failed": Outcome.FAILED}
     for run in runs.trial_runs(client, experiment_id, parent_run_id):
@@ -83,7 +85,8 @@ def settle_trial_runs(client: Any, experiment_id: str, parent_run_id: str,
         trial = trials.get(run.data.tags.get(store.TAG_TRIAL_KEY, ""))
         if trial is not None and trial.state in outcomes:
             result = {k: v for k, v in trial.last_result.items() if is_metric_key(k)}
-            runs.settle_trial_run(client, run.info.run_id, outcomes[trial.state], result,
+            trained = trial.state == "pruned" and store.TAG_PARAMS_SHA256 in run.data.tags
+            runs.settle_trial_run(client, run.info.run_id, outcomes["done" if trained else trial.state], result,
                                   int(trial.last_result.get(STEP, 0) or 0))
         elif trial is None and complete:
             store.retry(lambda: client.delete_run(run.info.run_id))

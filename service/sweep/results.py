@@ -12,6 +12,16 @@ from service.scoring.sequence import LONGEST_SOLVED
 STEP = "step"
 """Reported with every result: training steps done by the trial (summed over its tasks)."""
 
+
+
+def stopped_early(result: dict[str, Any], total_steps: int) -> bool:
+    """Whether a trial whose last report was ``result`` ended before training its
+    ``total_steps``: the scheduler (ASHA) stopped it. Tune tells neither its searcher nor
+    its results why a trial ended; a trial that ends without an error has trained all its
+    steps unless it was stopped."""
+    return float(result.get(STEP, 0) or 0) < total_steps
+
+
 _METRIC_FIELDS = frozenset(AggregateMetrics.model_fields) | {OBJECTIVE, LONGEST_SOLVED}
 
 

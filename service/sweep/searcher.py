@@ -1,5 +1,13 @@
 """The Optuna side of a sweep: the seeded sampler, the study's storage, and a searcher that
-keeps the study consistent with what Tune restores when a sweep resumes.
+keeps the study consistent with what the sweep did, and with what Tune restores when a
+sweep resumes.
+
+A trial the scheduler (ASHA) stopped is PRUNED in the study, with the objective of every
+report it made, the one it was stopped at included; a trial that trained all its steps is
+COMPLETE with its final objective (Ray's `OptunaSearch` tells both COMPLETE and never
+passes on the report a trial was stopped at). Tune does not tell a searcher why a trial
+ended: one that ends without an error before its last step was stopped
+(`service.sweep.results.stopped_early`, the rule the sweep's outcomes follow too).
 
 Tune saves its trials and the searcher together, every few seconds; a driver killed in
 between leaves the Optuna study (in a database: ``--optuna-storage``) a little ahead of
@@ -23,11 +31,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Iterable
 
+from ray.tune.result import TRAINING_ITERATION
 from ray.tune.search.optuna import OptunaSearch
 
 from service.errors import UserError
 from service.formatting import redact
-from service.sweep.results import OPTUNA_TRIAL, RUN_CONFIGS
+from service.sweep.results import OPTUNA_TRIAL, RUN_CONFIGS, stopped_early
 from service.sweep.study_sync import TrialRecords, settle_told_runs, sync_study
 
 if TYPE_CHECKING:
@@ -111,10 +120,49 @@ class ResumableOptunaSearch(OptunaSearch):
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         ot_trial = self._ot_trials.get(trial_id)
-        if ot_trial is not None and ot_trial.storage.get_trial(ot_trial._trial_id).state.is_finished():
+        if ot_trial is not None and self._frozen(ot_trial).state.is_finished():
             self._completed_trials.add(trial_id)  # told before the driver died
             return
+        if ot_trial is not None and result and not error:
+            self._report_last(ot_trial, result)
+            if self._stopped_early(result):
+                self._prune(trial_id, ot_trial)
+                return
         super().on_trial_complete(trial_id, result, error)
+
+    def _frozen(self, ot_trial: Any) -> Any:
+        """The trial as the study holds it now (its state, its intermediate values)."""
+        return self._ot_study.get_trials(deepcopy=False)[ot_trial.number]
+
+    def _report_last(self, ot_trial: Any, result: dict) -> None:
+        """Add the trial's last report to its intermediate values: Tune passes a searcher
+        every report but the one its scheduler stops the trial at (ASHA: a pruned trial's
+        last rung, a finished trial's ``max_t``)."""
+        value, step = result.get(self.metric), result.get(TRAINING_ITERATION)
+        if value is None or step is None or int(step) in self._frozen(ot_trial).intermediate_values:
+            return
+        try:
+            ot_trial.report(float(value), int(step))
+        except Exception as e:  # noqa: BLE001 - as Ray's searcher: telling Optuna never stops the sweep
+            logger.warning("could not report the last result of Optuna trial %s: %s", ot_trial.number, e)
+
+    def _stopped_early(self, result: dict) -> bool:
+        """Whether the trial's last report ``result`` came before the end of its training
+        (the scheduler stopped it there: `service.sweep.results.stopped_early`)."""
+        space = getattr(self._space, "space", None)
+        return space is not None and stopped_early(result, space.steps * len(space.task_configs()))
+
+    def _prune(self, trial_id: str, ot_trial: Any) -> None:
+        """Tell the study a trial the scheduler stopped is PRUNED (Ray's `OptunaSearch` would
+        tell it COMPLETE, its partial objective as final value)."""
+        from optuna.trial import TrialState
+
+        try:
+            self._ot_study.tell(ot_trial, state=TrialState.PRUNED)
+        except Exception as e:  # noqa: BLE001 - e.g. the grid sampler stopping the study after its last point
+            if not self._frozen(ot_trial).state.is_finished():
+                logger.warning("could not tell Optuna trial %s it was pruned: %s", ot_trial.number, e)
+        self._completed_trials.add(trial_id)
 
 
 def make_sampler(space: SearchSpace):

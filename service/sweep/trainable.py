@@ -11,7 +11,7 @@ from service.formatting import settings_label
 from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
 from service.sweep.cluster import gpu_ids, node_ip
-from service.sweep.logged_params import regularizer_params
+from service.sweep.logged_params import compile_params, regularizer_params
 from service.sweep.results import (
     DONE,
     OPTUNA_TRIAL,
@@ -62,7 +62,8 @@ def _open_run(settings: TrialSettings, space: SearchSpace, trial_key: str, param
               configs: dict[str, Any] | None, tags: dict[str, str] | None = None) -> runs.TrialRun:
     """Open (or reopen) a trial's MLflow child run, named by its settings, with its searched,
     task and regulariser parameters."""
-    logged = {**params, **settings.task_params, **(regularizer_params(configs) if configs else {})}
+    logged = {**params, **settings.task_params,
+              **({**regularizer_params(configs), **compile_params(configs)} if configs else {})}
     return runs.TrialRun.open(
         settings.tracking_uri, settings.experiment_id, settings.parent_run_id,
         trial_key=trial_key, run_name=settings_label(params, list(space.params)), params=logged,
@@ -128,13 +129,22 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
                   resume=resume, report_checkpoint=_report_checkpoint)
         outcome = Outcome.COMPLETED
     except SystemExit:  # Tune's way of stopping a trial from inside `tune.report`
-        outcome = Outcome.COMPLETED if progress.completed else Outcome.PRUNED
+        outcome = Outcome.COMPLETED if progress.completed or _trained_before(tracker, space) else Outcome.PRUNED
         raise
     except Exception as e:
         tracker.set_tags({store.TAG_ERROR: f"{type(e).__name__}: {e}"[:5000]})
         raise
     finally:
         tracker.close(outcome)
+
+
+def _trained_before(tracker: runs.TrialRun, space: SearchSpace) -> bool:
+    """Whether an earlier attempt of the trial trained all its steps (its run holds the last
+    one). A resumed sweep runs again a trial whose worker finished just before the driver
+    died; a scheduler stopping that repeat does not undo the result its run and the Optuna
+    study already hold."""
+    last = tracker.resumed_from_step
+    return last is not None and last >= space.steps * len(space.task_configs())
 
 
 def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:

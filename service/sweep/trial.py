@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from service.config import RunConfig
-from service.formatting import fmt_param
+from service.formatting import fmt_interval, fmt_param
 from service.scoring.combine import combine_tasks
 from service.scoring.metrics import AggregateMetrics, aggregate, per_seed_metrics
 from service.scoring.objective import objective_value
@@ -199,7 +199,7 @@ def log_trial_artifacts(tracker: Tracker, results: dict[str, RunResult], params:
             short = ", ".join(f"{k}={fmt_param(v)}" for k, v in params.items())
             a = result.aggregate
             title = (f"{name}: success {a.successes}/{a.n_seeds} "
-                     f"[{a.success_ci_low:.2f}, {a.success_ci_high:.2f}]  {short}")
+                     f"[{fmt_interval(a.success_ci_low, a.success_ci_high)}]  {short}")
             write_trial_artifacts(result, directory, title=title[:160])
         tracker.log_artifact_dir(root)
 

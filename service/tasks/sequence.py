@@ -132,8 +132,15 @@ class SequenceTask(Task):
     def largest_operand(self) -> float:
         raise NotImplementedError
 
-    def train_batch(self, keys: Tensor, step: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
-        """Each seed's batch ``x [S, B, L, I]`` and running targets ``[S, B, L, 1]``."""
+    def train_data(self, device: Any = None) -> Any:
+        """What `train_batch` draws from, placed on ``device`` once by the trainer (so a
+        step, compiled or captured in a CUDA graph, never copies between host and device);
+        None when the batch is generated, not drawn from data."""
+        return None
+
+    def train_batch(self, keys: Tensor, step: Tensor, batch_size: int, data: Any = None) -> tuple[Tensor, Tensor]:
+        """Each seed's batch ``x [S, B, L, I]`` and running targets ``[S, B, L, 1]``
+        (``data``: `train_data` on the keys' device, made here when not given)."""
         raise NotImplementedError
 
     def draw_sets(self) -> dict[str, SequenceSet]:

@@ -57,7 +57,7 @@ class SequenceArithmeticTask(SequenceTask):
         """An NAU read-out (selects the operand) and an NAU (sum) or NMU (product) cell."""
         return [{"unit": "nau"}, {"unit": "nau" if self.operation == "sum" else "nmu"}]
 
-    def train_batch(self, keys: Tensor, step: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
+    def train_batch(self, keys: Tensor, step: Tensor, batch_size: int, data: Any = None) -> tuple[Tensor, Tensor]:
         from service.seeding import generator as rng
 
         run = ((self.subset_start, self.subset_start + self.subset_size),)

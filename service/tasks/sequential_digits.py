@@ -74,18 +74,21 @@ class SequentialDigitsTask(SequenceTask):
         readout = {"unit": "mlp", "options": {"hidden_sizes": [self.readout_hidden], "activation": "relu"}}
         return [readout, {"unit": "nau" if self.operation == "sum" else "nmu"}]
 
-    def train_batch(self, keys: Tensor, step: Tensor, batch_size: int) -> tuple[Tensor, Tensor]:
+    def train_data(self, device: Any = None) -> tuple["Tensor", "Tensor"]:
+        """The train split's images ``[N, I]`` and labels ``[N]`` (float32) on ``device``."""
         import torch
 
+        train = self.split("train")
+        return train.images.to(device), train.labels.to(device, torch.float32)
+
+    def train_batch(self, keys: Tensor, step: Tensor, batch_size: int, data: Any = None) -> tuple[Tensor, Tensor]:
         from service.seeding import generator as rng
 
-        train = self.split("train")
-        n = train.labels.numel()
+        images, labels = data if data is not None else self.train_data(keys.device)
+        n = labels.numel()
         u = rng.uniform(keys, step, (batch_size, self.train_length))
-        idx = (u * n).long().clamp_(max=n - 1).cpu()
-        x = train.images[idx].to(keys.device)
-        digits = train.labels[idx].to(device=keys.device, dtype=torch.float32)
-        return x, self.accumulate(digits, 2).unsqueeze(-1)
+        idx = (u * n).long().clamp_(max=n - 1)
+        return images[idx], self.accumulate(labels[idx], 2).unsqueeze(-1)
 
     def _draw(self, name: str, split: DigitSplit, length: int, lengths: dict[str, int]) -> SequenceSet:
         import torch

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from service.formatting import finite, settings_label
+from service.formatting import finite, fmt_interval, settings_label
 from service.scoring.verdict import Verdict, verdict
 from service.tracking.links import TAG_NOTE
 from service.tracking.queries import TrialRow, ranked
@@ -39,9 +39,9 @@ def setting_params(row: TrialRow, searched: list[str] | None) -> dict[str, str]:
 
 def success_text(metrics: dict[str, float]) -> str:
     k, n = metrics.get("successes"), metrics.get("n_seeds")
-    low, high = finite(metrics.get("success_ci_low")), finite(metrics.get("success_ci_high"))
+    ci = fmt_interval(metrics.get("success_ci_low"), metrics.get("success_ci_high"))
     text = f"{int(k)}/{int(n)}" if k is not None and n is not None else "?"
-    return text + (f" [{low:.2f}, {high:.2f}]" if low is not None and high is not None else "")
+    return text + (f" [{ci}]" if ci else "")
 
 
 def judge(row: TrialRow, validation: dict[str, float] | None) -> Verdict | None:

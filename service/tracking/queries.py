@@ -150,6 +150,18 @@ def validation_runs(client: Any, experiment_id: str, parent_run_id: str) -> list
                          f"tags.`{store.TAG_ROLE}` = '{store.ROLE_VALIDATION}'")
 
 
+def latest_validations(client: Any, view: "SweepView") -> dict[str, Any]:
+    """``{trial run id: run}``: each validated trial's latest finished validation run
+    (``nalu-sweep validate``, ``sweep --validate``)."""
+    found = sorted(validation_runs(client, view.experiment_id, view.run_id), key=lambda r: r.info.start_time or 0)
+    return {r.data.tags.get(store.TAG_SOURCE_RUN, ""): r for r in found if r.info.status == "FINISHED"}
+
+
+def validated_metrics(client: Any, view: "SweepView") -> dict[str, dict[str, float]]:
+    """``{trial run id: metrics on fresh seeds}`` of `latest_validations`."""
+    return {trial: dict(run.data.metrics) for trial, run in latest_validations(client, view).items()}
+
+
 def sweep_space(client: Any, parent_run_id: str) -> "SearchSpace":
     """The resolved search space the sweep ran with (an artifact of its parent run)."""
     from service.search.loading import parse_space

@@ -9,6 +9,14 @@ final parameters are those of ``Trainer(member).run()``.
 
 A member can be dropped (a pruned trial): the pack is rebuilt without its seeds from a
 checkpoint of the others, which continue as they would have.
+
+A compiled pack pads its seed dimension to the next power of two (`seed_bucket`) with
+*padding rows*: copies of its members' leading seeds (same configuration, same seed ids),
+trained and discarded. A compiled step is specialised to its shapes, so without padding a
+pack of another size (a member dropped, the sweep's next pack) would compile again; padded,
+every pack of one bucket reuses the compiled step (on a GPU only the CUDA graph is captured
+again, a fraction of a second). No operation mixes seeds, so a real seed's trajectory is
+the same padded or not.
 """
 
 from __future__ import annotations
@@ -20,14 +28,14 @@ from typing import Callable, Iterable, Sequence
 import torch
 
 from service.config import RunConfig
-from service.pack_structure import check_pack
+from service.pack_structure import check_pack, packable
 from service.scoring.metrics import AggregateMetrics, aggregate, per_seed_metrics
 from service.training.checkpoint import TrainerCheckpoint, config_fingerprint, pack_fingerprint
 from service.training.evaluation import EvalReport
 from service.training.result import RunResult
-from service.training.trainer import Trainer
+from service.training.trainer import Trainer, compile_mode
 
-__all__ = ["MemberEval", "PackedTrainer", "merge_checkpoints", "split_checkpoint"]
+__all__ = ["MemberEval", "PackedTrainer", "merge_checkpoints", "padding_members", "seed_bucket", "split_checkpoint"]
 
 
 @dataclass
@@ -90,6 +98,36 @@ def merge_checkpoints(parts: Sequence[TrainerCheckpoint], members: Sequence[RunC
     )
 
 
+def seed_bucket(seeds: int) -> int:
+    """The seed rows a compiled pack of ``seeds`` seeds trains: the next power of two."""
+    return 1 << max(0, seeds - 1).bit_length()
+
+
+def padding_members(members: Sequence[RunConfig], rows: int) -> list[RunConfig]:
+    """Configurations filling a pack of ``members`` up to ``rows`` seed rows: each a copy
+    of a member (in turn) with its first seeds, so its seeds are ones the pack already
+    trains (their duplicates are trained and discarded)."""
+    out, missing, i = [], rows - sum(m.seeds for m in members), 0
+    while missing > 0:
+        m = members[i % len(members)]
+        take = min(missing, m.seeds)
+        out.append(m.model_copy(update={"seeds": take}))
+        missing, i = missing - take, i + 1
+    return out
+
+
+def _padding_checkpoints(parts: Sequence[TrainerCheckpoint], members: Sequence[RunConfig],
+                         padding: Sequence[RunConfig]) -> list[TrainerCheckpoint]:
+    """The checkpoints of ``padding`` (`padding_members` of ``members``) cut from the
+    members' own ``parts``: a padding config's seeds are its member's first seeds."""
+    out = []
+    for i, pad in enumerate(padding):
+        m, part = members[i % len(members)], parts[i % len(members)]
+        rest = m.model_copy(update={"seeds": m.seeds - pad.seeds, "seed_offset": m.seed_offset + pad.seeds})
+        out.append(part if pad.seeds == m.seeds else split_checkpoint(part, [pad, rest])[0])
+    return out
+
+
 class _Repack(Exception):
     """Raised out of `Trainer.run` to rebuild the pack without dropped members."""
 
@@ -107,6 +145,7 @@ class PackedTrainer:
         self.active: list[int] = list(range(len(self.configs)))
         self._dropping: set[int] = set()
         self.trainer: Trainer | None = None
+        self.padding: list[RunConfig] = []  # the current trainer's padding rows (`padding_members`)
 
     def drop(self, members: Iterable[int]) -> None:
         """Stop training ``members`` (their seeds leave the batch at this evaluation)."""
@@ -118,14 +157,22 @@ class PackedTrainer:
         """Train every member to the end, as `Trainer.run` does for one (``resume_from``:
         one checkpoint per member, all at one step, or None for all)."""
         results: list[RunResult | None] = [None] * len(self.configs)
-        start: TrainerCheckpoint | None = None
+        parts: list[TrainerCheckpoint] | None = None  # the active members', to start from
         if resume_from is not None and any(c is not None for c in resume_from):
             if any(c is None for c in resume_from):
                 raise ValueError("resume every member of a pack from a checkpoint, or none")
-            start = merge_checkpoints(list(resume_from), self.configs)  # type: ignore[arg-type]
+            parts = list(resume_from)  # type: ignore[arg-type]
+        padded = packable(self.configs[0]) and compile_mode(self.configs[0]) == "compiled"
         while self.active:
             members = [self.configs[i] for i in self.active]
-            self.trainer = Trainer(members[0], members=members)
+            self.padding = padding_members(members, seed_bucket(sum(m.seeds for m in members))) if padded else []
+            start = None
+            if parts is not None:
+                start = merge_checkpoints(parts + _padding_checkpoints(parts, members, self.padding),
+                                          members + self.padding)
+            if self.trainer is not None:
+                self.trainer.release_graph()  # destroyed now, never inside another capture
+            self.trainer = Trainer(members[0], members=members + self.padding)
             try:
                 result_all = self.trainer.run(self._listener(on_eval), resume_from=start,
                                               checkpoint_every=checkpoint_every)
@@ -133,7 +180,6 @@ class PackedTrainer:
                 kept = [i for i in self.active if i not in self._dropping]
                 parts = [repack.parts[self.active.index(i)] for i in kept]
                 self.active, self._dropping = kept, set()
-                start = merge_checkpoints(parts, [self.configs[i] for i in kept]) if kept else None
                 continue
             for pos, index in enumerate(self.active):
                 if index not in self._dropping:
@@ -149,13 +195,14 @@ class PackedTrainer:
             if on_eval is not None:
                 on_eval(self._member_evals(trainer, report, members))
             if self._dropping and report.step < report.total_steps:
-                parts = split_checkpoint(report.checkpoint or trainer.checkpoint(report.elapsed_s), members)
-                raise _Repack(parts)
+                ckpt = report.checkpoint or trainer.checkpoint(report.elapsed_s)
+                raise _Repack(split_checkpoint(ckpt, members + self.padding)[:len(members)])
 
         return listener
 
     def _member_evals(self, trainer: Trainer, report: EvalReport, members: list[RunConfig]) -> list[MemberEval]:
-        parts = split_checkpoint(report.checkpoint, members) if report.checkpoint is not None else None
+        parts = (split_checkpoint(report.checkpoint, members + self.padding)
+                 if report.checkpoint is not None else None)
         sparsity = trainer.model.sparsity_error().detach().cpu().numpy()
         best = trainer.best_sparsity_error.cpu().numpy()
         out = []

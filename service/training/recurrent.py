@@ -9,8 +9,11 @@ the longest length, without autograd, in chunks of positions (the state is carri
 chunks, so a length-1000 evaluation never holds 1000 steps of activations). Image tasks run
 the read-out once per distinct image, not once per position.
 
-Recurrent steps train eagerly (``compile`` is ignored): the unrolled graph would be traced
-per sequence length, and its per-step cost is a handful of small operations.
+The training step (read-out, the cell unrolled over the training length, gradient and
+update) compiles like a static task's: the training length is fixed, so it is traced once.
+``compile: auto`` compiles it on a GPU, where an eager step is launch-bound (hundreds of
+small kernels), and captures it in CUDA graphs; on a CPU ``auto`` keeps it eager (``on``
+compiles there too). Evaluation, over many lengths in chunks, stays eager.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from torch import Tensor
 
 from service.config import RunConfig
 from service.tasks import SequenceSet, SequenceTask
-from service.training.trainer import Trainer
+from service.training.trainer import Trainer, compile_pays_off
 from service.units.base import ForwardContext
 from service.units.schedule import RegularizerSchedule
 
@@ -60,17 +63,17 @@ class RecurrentTrainer(Trainer):
         self.extrapolation_names = self.task.extrapolation_names()
         self._extrap = {n: [] for n in self.extrapolation_names}
         self.lengths = dict(zip(self.extrapolation_names, self.task.test_lengths))
-        self._step, self.compiled, self._compile_pending, self.graphed = self._step_eager, False, False, False
+        self.train_data = self.task.train_data(self.device)
 
     def _compile_pays_off(self) -> bool:
-        return False
+        return compile_pays_off(self.device, self.config.train.steps, recurrent=True)
 
     # -- the step ---------------------------------------------------------------------------
     def _batch(self, step: Tensor) -> tuple[Tensor, Tensor]:
         """Each seed's sequences ``x [S, B, L, I]`` and running targets ``[S, B, L, 1]``."""
         t = self.config.train
         keys = self.data_keys[:1] if t.shared_batch else self.data_keys
-        x, target = self.task.train_batch(keys, step, t.batch_size)
+        x, target = self.task.train_batch(keys, step, t.batch_size, self.train_data)
         if t.shared_batch:
             x = x.expand(self.num_seeds, *x.shape[1:])
             target = target.expand(self.num_seeds, *target.shape[1:])

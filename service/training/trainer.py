@@ -16,10 +16,12 @@ is one graph. ~1.1 ms per step compiled, ~2.2 ms eager.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import time
 import warnings
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -43,7 +45,12 @@ from service.training.result import RunResult
 from service.training.seed_settings import SeedSchedule, SeedSettings
 from service.units.base import ForwardContext
 
-_COMPILE_COST_S = 12.5  # seconds to compile the step (cold cache), for compile="auto"
+CPU_COMPILE_FROM_STEPS = 20_000
+"""``compile: auto`` on a CPU compiles runs of at least this many steps. Compiling costs
+~10 s cold and saves ~0.8 ms per step plus ~5 µs per seed (one thread, NAU → NMU, 100
+inputs): from 20,000 steps it pays for one seed and twice over for 100. The number of
+seeds is deliberately not part of the decision: compiled and eager steps round
+differently, so a seed must not change mode with its batch mates (a seed is a seed)."""
 _GRAPH_STEPS = 50  # steps per captured CUDA graph
 _GRAPH_WARMUP = 3  # steps run (compiled, uncaptured) before the capture
 
@@ -56,6 +63,31 @@ def _isfinite(t: Tensor) -> Tensor:
     return (t - t) == 0
 
 
+@contextlib.contextmanager
+def collection_paused() -> Iterator[None]:
+    """No automatic garbage collection until the block ends (a CUDA graph capture: a
+    collection inside it could run a dead trainer's finalisers, which call CUDA). Garbage
+    left from before is collected after the block, as usual."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+_CAPTURE_STREAMS: dict[torch.device, "torch.cuda.Stream"] = {}
+
+
+def capture_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The side stream every CUDA graph on ``device`` is warmed up and captured on (one
+    per device, so its lazy set-up happens once)."""
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device)
+    return _CAPTURE_STREAMS[device]
+
+
 def resolve_device(name: str) -> torch.device:
     """``cpu``, or ``cuda:<index>`` (in a Ray trial ``cuda:0``, its GPU: Ray sets CUDA_VISIBLE_DEVICES)."""
     if name == "auto":
@@ -63,6 +95,22 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was asked for, but torch sees no CUDA device; use --device cpu or auto")
     return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device(name)
+
+
+def compile_pays_off(device: torch.device, steps: int, recurrent: bool = False) -> bool:
+    """``compile: auto``'s decision: always on a GPU; on a CPU for runs of at least
+    `CPU_COMPILE_FROM_STEPS` steps, never for a recurrent task (its eager step is a few
+    small operations per position). Nothing else enters it (not the seeds, not packing)."""
+    return device.type == "cuda" or (not recurrent and steps >= CPU_COMPILE_FROM_STEPS)
+
+
+def compile_mode(config: RunConfig) -> str:
+    """``"compiled"`` or ``"eager"``: the mode a run of ``config`` trains in (before any
+    fallback to eager when compiling fails; `RunResult.compiled` records the outcome)."""
+    if config.compile != "auto":
+        return "compiled" if config.compile == "on" else "eager"
+    recurrent = getattr(config.task, "recurrent", False)
+    return "compiled" if compile_pays_off(resolve_device(config.device), config.train.steps, recurrent) else "eager"
 
 
 class Trainer(Evaluation):
@@ -132,9 +180,7 @@ class Trainer(Evaluation):
         self._interp: list[Tensor] = []
         self._extrap: dict[str, list[Tensor]] = {n: [] for n in self.extrapolation_names}
 
-        use_compile = config.compile == "on" or (
-            config.compile == "auto" and self._compile_pays_off()
-        )
+        use_compile = config.compile == "on" or (config.compile == "auto" and self._compile_pays_off())
         if use_compile:
             # One graph for the whole step: forward, the gradient and the update. Dynamo
             # traces `torch.autograd.grad` only with this flag (else it breaks the graph
@@ -160,14 +206,9 @@ class Trainer(Evaluation):
         self._graph: "torch.cuda.CUDAGraph | None" = None
 
     def _compile_pays_off(self) -> bool:
-        """Whether ``compile="auto"`` compiles: always on a GPU; on a CPU when the time it
-        saves is at least twice what compiling costs (~10 s, ~3 s with a warm cache). On
-        one CPU thread (NAU → NMU, 100 inputs, batch 128) compiling saves ~0.8 ms per step
-        plus ~5 µs per seed: 1 seed compiles from ~31k steps, 100 from ~19k, 1000 from ~4k."""
-        if self.device.type == "cuda":
-            return True
-        saved_s = self.config.train.steps * (0.8e-3 + 5e-6 * self.num_seeds)
-        return saved_s >= _COMPILE_COST_S * 2
+        """Whether ``compile="auto"`` compiles: from the device and the run's length only
+        (`compile_pays_off`), never from the number of seeds or the pack."""
+        return compile_pays_off(self.device, self.config.train.steps)
 
     def _stream_keys(self, stream: str) -> Tensor:  # [S, 3]: each member's seeds, its master seed
         return torch.cat([stream_keys(m.master_seed, stream, m.seed_ids) for m in self.settings.members]).to(self.device)
@@ -274,33 +315,65 @@ class Trainer(Evaluation):
         """``n`` training steps; the same trajectory as ``n`` calls of `train_step`, in
         replays of one captured CUDA graph where `graphed`."""
         end = self.step + n
-        if self.graphed and n >= _GRAPH_STEPS:
-            warm = 0
-            while self.step < end and self._graph is None:
-                self.train_step()  # compiles; then warm-up steps before the capture
-                warm += 1
-                if warm >= _GRAPH_WARMUP and self.compiled:
-                    self._capture_graph()
-            while end - self.step >= _GRAPH_STEPS and self._graph is not None:
+        if self.graphed and n >= _GRAPH_STEPS and self._graph is None:
+            self._warm_up_and_capture(end)
+        if self._graph is not None:
+            while end - self.step >= _GRAPH_STEPS:
                 self.step_t.fill_(self.step)
                 self._graph.replay()
                 self.step += _GRAPH_STEPS
         while self.step < end:
             self.train_step()
 
-    def _capture_graph(self) -> None:
+    def _warm_up_and_capture(self, end: int) -> None:
+        """`_GRAPH_WARMUP` steps (the first compiles) then the capture, both on the side
+        stream the graph is captured on (CUDA's documented recipe: lazy per-stream set-up,
+        cuBLAS workspaces among them, happens in the warm-up, not inside the capture)."""
+        stream = capture_stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(_GRAPH_WARMUP):
+                if self.step >= end:
+                    break
+                self.train_step()
+            if self.compiled:
+                try:
+                    self._capture_graph(stream)
+                except RuntimeError as e:  # recording runs nothing: the state is as before
+                    warnings.warn(f"CUDA graph capture failed ({str(e)[:200]}); training step by step",
+                                  RuntimeWarning)
+                    self.graphed = False
+            else:  # compiling failed ("auto" fell back to eager): step by step from now on
+                self.graphed = False
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+
+    def _capture_graph(self, stream: "torch.cuda.Stream") -> None:
         """Record `_GRAPH_STEPS` steps, the step counter advanced on the device between
         them, as one CUDA graph (recording runs nothing). It leaves ``step_t`` at the last
         step's index, as `train_step` does. Reads and writes the trainer's own tensors in
-        place, so it stays valid across re-initialisation and checkpoint loading."""
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(_GRAPH_STEPS):
-                if i:
-                    self.step_t.add_(1)
-                self._step(self.step_t)
+        place, so it stays valid across re-initialisation and checkpoint loading.
+
+        Nothing else may call CUDA while the capture runs, or the capture is invalidated
+        (``cudaErrorStreamCaptureInvalidated``, issue 35): no garbage is collected during
+        it (a dead trainer — trainers are reference cycles, freed by the cycle collector
+        at whichever allocation triggers it — destroys its CUDA graph, ``cudaGraphExecDestroy``,
+        and its memory when collected), and the capture mode is
+        ``thread_local``, so another thread's CUDA calls (a listener, a tracking thread)
+        cannot invalidate it."""
+        with collection_paused():
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+                for i in range(_GRAPH_STEPS):
+                    if i:
+                        self.step_t.add_(1)
+                    self._step(self.step_t)
         self._graph = graph
+
+    def release_graph(self) -> None:
+        """Destroy the captured CUDA graph now (between captures: a trainer that is done
+        with, e.g. a pack being rebuilt); the next `train_steps` captures again."""
+        self._graph = None
 
     # -- evaluation and re-initialisation ----------------------------------------------------
     def _diverged(self) -> Tensor:

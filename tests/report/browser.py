@@ -14,7 +14,7 @@ from pathlib import Path
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--remote-debugging-port=0", "--window-size=1280,2400"]
+         "--disable-dev-shm-usage", "--remote-debugging-port=0"]
 
 
 def chromium() -> str | None:
@@ -26,8 +26,9 @@ def chromium() -> str | None:
 
 
 class Page:
-    def __init__(self, binary: str, profile: Path) -> None:
-        self.proc = subprocess.Popen([binary, *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+    def __init__(self, binary: str, profile: Path, window: tuple[int, int] = (1280, 2400)) -> None:
+        self.proc = subprocess.Popen([binary, *FLAGS, f"--window-size={window[0]},{window[1]}",
+                                      f"--user-data-dir={profile}", "about:blank"],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         port = None
         deadline = time.time() + 60
@@ -83,6 +84,28 @@ class Page:
         result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
         return result.get("result", {}).get("value")
 
+    def visible_cells(self) -> list[str]:
+        """The text of every table cell a person sees in the window: inside the viewport (its
+        box within the window's width and height), not hidden, the topmost element where it
+        is drawn (not scrolled away inside its table, not under a panel), not cut short."""
+        return self.evaluate("""(() => {
+          const W = window.innerWidth, H = window.innerHeight, out = [];
+          for (const el of document.querySelectorAll('td, th, [role=cell], [role=gridcell], [role=columnheader], [role=rowheader]')) {
+            const r = el.getBoundingClientRect();
+            if (r.width < 2 || r.height < 2 || r.left < 0 || r.top < 0 || r.right > W || r.bottom > H) continue;
+            if (el.checkVisibility && !el.checkVisibility({opacityProperty: true, visibilityProperty: true})) continue;
+            // on top where it is drawn: not scrolled out of its table, not under a panel
+            const hit = document.elementFromPoint(Math.min(r.left + 8, r.right - 1), (r.top + r.bottom) / 2);
+            if (!hit || !(el === hit || el.contains(hit))) continue;
+            // cut short by an ellipsis: the text is wider than its box
+            const inner = el.querySelector('a, span') || el;
+            if (inner.scrollWidth > inner.clientWidth + 1 && getComputedStyle(inner).textOverflow === 'ellipsis') continue;
+            const text = (el.innerText || '').trim();
+            if (text) out.push(text);
+          }
+          return out;
+        })()""") or []
+
     def errors(self) -> list[str]:
         out = []
         for e in self.events:
@@ -95,8 +118,8 @@ class Page:
                 out.append(p["entry"].get("text", "")[:500] + " " + p["entry"].get("url", ""))
         return out
 
-    def screenshot(self, path: Path) -> Path:
-        data = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"]
+    def screenshot(self, path: Path, beyond_viewport: bool = True) -> Path:
+        data = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=beyond_viewport)["data"]
         path.write_bytes(base64.b64decode(data))
         return path
 

@@ -53,6 +53,17 @@ def test_tie_breakers_in_order():
     assert sparse > fast
 
 
+@pytest.mark.parametrize("undefined", [None, float("nan"), float("inf")])
+def test_undefined_tie_breakers_count_as_the_worst(undefined):
+    """A setting whose sparsity error (or solved_at) is unknown ranks as if it were the
+    worst possible, below the same setting with any known value."""
+    def value(solved_at=2000.0, sparsity=0.5):
+        return objective_value(agg(8, 16, solved_at=solved_at, sparsity=sparsity), STEPS)
+
+    assert value(sparsity=undefined) == value(sparsity=1.0) < value(sparsity=0.99) < value(sparsity=0.0)
+    assert value(solved_at=undefined) == value(solved_at=float(STEPS)) < value(solved_at=STEPS - 1.0)
+
+
 def test_settings_without_success_are_ranked_by_closeness_to_the_threshold():
     near = objective_value(agg(0, 16, mse=0.5), STEPS, THRESHOLDS)
     far = objective_value(agg(0, 16, mse=1e4), STEPS, THRESHOLDS)

@@ -98,7 +98,7 @@ def test_a_packed_sweep_records_each_member_as_its_own_trial(ray_address, tmp_pa
 
 
 @pytest.mark.slow
-def test_asha_prunes_one_member_of_a_pack_and_the_others_go_on(ray_address, tmp_path):
+def test_asha_prunes_one_member_of_a_pack_and_the_others_go_on(ray_address, tmp_path, sweep_checks):
     """One pack of 4 under ASHA (rungs at 1 and 4 of 8 reports, η = 4): the first member
     always passes the first rung, and a member below its cutoff stops there."""
     space = _space("packed-asha", pack=4, concurrency=1, scheduler={
@@ -123,6 +123,7 @@ def test_asha_prunes_one_member_of_a_pack_and_the_others_go_on(ray_address, tmp_
             assert trial.state == States.COMPLETE and steps[-1] == STEPS
             # its pack-mates stopping did not change one bit of its training
             assert child.data.tags[store.TAG_PARAMS_SHA256] == _alone_digest(space, child)
+    sweep_checks.assert_study_agrees(space, client, children, study)  # with the reports each made
 
 
 @pytest.mark.slow
@@ -148,7 +149,8 @@ def test_a_retried_pack_continues_every_member_from_its_checkpoint(ray_address, 
 
 
 @pytest.mark.slow
-def test_a_packed_sweep_resumes_after_the_driver_is_killed(ray_address, tmp_path, driver_killed_when):
+def test_a_packed_sweep_resumes_after_the_driver_is_killed(ray_address, tmp_path, driver_killed_when,
+                                                           sweep_checks):
     """SIGKILL the driver mid-sweep, then ``--resume``: every member once in MLflow, nothing
     left RUNNING, and the Optuna study agrees, member by member (the searcher's packs and
     the rung board come back with Tune's state)."""
@@ -209,3 +211,4 @@ def test_a_packed_sweep_resumes_after_the_driver_is_killed(ray_address, tmp_path
     # member by member: the non-failed Optuna trials are exactly the finished MLflow runs
     numbers = [int(c.data.tags[store.TAG_OPTUNA_TRIAL]) for c in children]
     assert sorted(numbers) == [t.number for t in study.trials if t.state != States.FAIL]
+    sweep_checks.assert_study_agrees(space, client, children, study)  # with the reports each made

@@ -74,3 +74,61 @@ def test_fail_abandoned_trials_keeps_the_known_ones(tmp_path):
     study.tell(0, 1.0)
     assert fail_abandoned_trials(study, known=[0, 1]) == [2]
     assert [t.state for t in study.trials] == [States.COMPLETE, States.RUNNING, States.FAIL]
+
+
+# -- a trial the scheduler stopped ------------------------------------------------------------------------
+def _space_searcher(url: str):
+    """A searcher over a sweep space (200 steps, a report every 25: 8 reports)."""
+    from service.search.loading import parse_space
+    from service.search.sampler import DefineByRun
+
+    sweep_space = parse_space({
+        "name": "s", "steps": 200, "eval_every": 25, "seeds": 2, "task": {"kind": "small_mul"},
+        "fixed": {"model": {"layers": [{"unit": "nau"}, {"unit": "nmu"}]}},
+        "params": {"lr": {"type": "loguniform", "low": 1e-3, "high": 1.0, "target": "train.optimizer.lr"}},
+    })
+    searcher = ResumableOptunaSearch(space=DefineByRun(sweep_space), metric="objective", mode="max",
+                                     storage=optuna.storages.RDBStorage(url), study_name="s",
+                                     sampler=optuna.samplers.RandomSampler(seed=0))
+    searcher.set_search_properties(None, None, {})
+    return searcher
+
+
+def _run(searcher, trial_id: str, reports: int, failed: bool = False) -> None:
+    """Tune's calls for a trial that reported ``reports`` times and ended: every report but
+    the last goes to ``on_trial_result`` (Tune holds back the one its scheduler stops the
+    trial at), the last comes with ``on_trial_complete``; a trial that failed for good
+    gets ``on_trial_complete(error=True)`` alone after its reports."""
+    results = [{"objective": it / 100, "training_iteration": it, "step": 25.0 * it} for it in range(1, reports + 1)]
+    if failed:
+        for result in results:
+            searcher.on_trial_result(trial_id, result)
+        searcher.on_trial_complete(trial_id, error=True)
+        return
+    for result in results[:-1]:
+        searcher.on_trial_result(trial_id, result)
+    searcher.on_trial_complete(trial_id, results[-1])
+
+
+def test_a_trial_stopped_early_is_pruned_with_every_report_it_made(tmp_path):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    searcher = _space_searcher(url)
+    for trial_id in "abc":
+        searcher.suggest(trial_id)
+    _run(searcher, "a", 3)  # stopped by ASHA at its third report (step 75 of 200)
+    _run(searcher, "b", 8)  # trained all 200 steps
+    _run(searcher, "c", 1, failed=True)  # failed for good
+    searcher.save(str(tmp_path / "searcher.pkl"))
+    resumed = _space_searcher(url)  # the same after a resume
+    resumed.restore(str(tmp_path / "searcher.pkl"))
+    resumed.suggest("d")
+    _run(resumed, "d", 1)  # stopped at its first report
+
+    study = optuna.load_study(study_name="s", storage=url)
+    assert [t.state for t in study.trials] == [States.PRUNED, States.COMPLETE, States.FAIL, States.PRUNED]
+    a, b, c, d = study.trials
+    assert a.intermediate_values == {1: 0.01, 2: 0.02, 3: 0.03} and a.value == 0.03
+    assert b.intermediate_values == {it: it / 100 for it in range(1, 9)} and b.value == 0.08
+    assert c.intermediate_values == {1: 0.01} and c.value is None
+    assert d.intermediate_values == {1: 0.01} and d.value == 0.01
+    assert study.best_trial.number == b.number

@@ -4,16 +4,12 @@ SQLite, the searcher driven by hand as Tune drives it (no Ray cluster)."""
 
 from __future__ import annotations
 
-import io
-
 import optuna
 import pytest
-from rich.console import Console
 
 from service.scoring.objective import OBJECTIVE
 from service.search.loading import parse_space
 from service.search.sampler import DefineByRun
-from service.sweep import driver
 from service.sweep.pack_search import PackedOptunaSearch
 from service.sweep.results import OPTUNA_TRIAL, PACK_MEMBERS, PRUNED, RUN_CONFIGS, STATE
 from service.sweep.searcher import ResumableOptunaSearch
@@ -23,7 +19,7 @@ from service.sweep.study_sync import (
     report_step,
     reported_values,
 )
-from service.tracking import runs, store
+from service.tracking import store
 from service.tracking.store import Outcome
 
 States = optuna.trial.TrialState
@@ -157,20 +153,13 @@ def test_an_in_memory_study_gets_the_trials_it_never_had(tmp_path):
 
 
 @pytest.mark.slow
-def test_what_mlflow_holds_is_what_the_study_was_told(ray_address, tmp_path):
+def test_what_mlflow_holds_is_what_the_study_was_told(ray_address, tmp_path, sweep_checks):
     """A real sweep of lone trials over two tasks: each run is tagged with its Optuna trial,
     and its objective history, read as `study_sync` reads it, gives back exactly the
     reports that trial got (Tune's iterations across the task boundary included)."""
     space = _space(tasks=2, steps=100, trials=2, concurrency=2, resources={"cpus": 1, "gpus": 0},
                    scheduler="none", sampler={"type": "random", "seed": 0})
-    url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    options = driver.SweepOptions(name=space.name, tracking_uri=store.resolve_tracking_uri(None),
-                                  storage_path=str(tmp_path / "runs"), optuna_storage=url)
-    summary = driver.run_sweep(space, options, Console(file=io.StringIO()))
-    assert summary.outcome == "completed", summary
-    client = store.client(options.tracking_uri)
-    children = runs.trial_runs(client, summary.experiment_id, summary.parent_run_id)
-    study = optuna.load_study(study_name=space.name, storage=url)
+    summary, client, children, study = sweep_checks.sweep_with_study(space, tmp_path)
     assert sorted(int(c.data.tags[store.TAG_OPTUNA_TRIAL]) for c in children) == [0, 1]
     for child in children:
         trial = study.trials[int(child.data.tags[store.TAG_OPTUNA_TRIAL])]

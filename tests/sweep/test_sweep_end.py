@@ -79,3 +79,22 @@ def test_a_server_that_stays_away_is_a_clear_error(tmp_path, monkeypatch):
     message = str(error.value)
     assert "did not answer for 2 s" in message and "--resume" in message
     assert "secret" not in message
+
+
+def test_a_trial_run_again_after_a_resume_keeps_the_result_it_had(tmp_path):
+    """A trial whose worker finished it just before the driver died is run again by the
+    resumed sweep; when the scheduler stops that repeat, its run (which holds the final
+    parameters' digest of the finished training) stays completed."""
+    uri, client, experiment_id, parent, child = _sweep(tmp_path, "again")
+    client.log_metric(child, "objective", 0.5, step=1000)
+    client.set_tag(child, store.TAG_PARAMS_SHA256, "abc")  # trained to the end by attempt 1
+    other = client.create_run(experiment_id, tags={
+        store.TAG_PARENT: parent, store.TAG_ROLE: "trial", store.TAG_TRIAL_KEY: "t2",
+        store.TAG_SWEEP: "again", store.TAG_OUTCOME: "running"}).info.run_id
+    stopped = {"objective": 0.25, "step": 500.0}
+    trials = {"t1": TuneTrial("pruned", stopped), "t2": TuneTrial("pruned", stopped)}
+    counts, best, _ = record_end(client, SweepOptions("again", uri, str(tmp_path)), experiment_id, parent,
+                                 trials, "completed", planned=2)
+    assert client.get_run(child).data.tags[store.TAG_OUTCOME] == "completed"
+    assert client.get_run(other).data.tags[store.TAG_OUTCOME] == "pruned"
+    assert (counts["completed"], counts["pruned"], best) == (1, 1, 0.5)

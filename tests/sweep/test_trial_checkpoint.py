@@ -129,3 +129,17 @@ def test_checkpoint_every_in_the_search_space():
     assert parse_space(data).checkpoint_every == 10
     with pytest.raises(SearchSpaceError, match=r"checkpoint_every: .*greater than or equal to 0.*\(got -1\)"):
         parse_space({**data, "checkpoint_every": -1}, source="s.yaml")
+
+
+def test_a_repeat_of_a_trial_an_earlier_attempt_trained_to_the_end_is_not_pruned():
+    """The worker's side of a trial run again after a resume: the run it reopens holds the
+    last step (two tasks: 2 × steps), so a scheduler stopping the repeat leaves it completed."""
+    from types import SimpleNamespace
+
+    from service.sweep.trainable import _trained_before
+
+    space = _two_tasks()
+    total = 2 * space.steps
+    assert _trained_before(SimpleNamespace(resumed_from_step=total), space)
+    assert not _trained_before(SimpleNamespace(resumed_from_step=space.steps), space)  # the end of task 1 only
+    assert not _trained_before(SimpleNamespace(resumed_from_step=None), space)  # a first attempt

@@ -10,7 +10,8 @@ import torch
 from service.config import RunConfig
 from service.pack_structure import packable_path, structure_key
 from service.training import Trainer
-from service.training.packing import PackedTrainer, merge_checkpoints, split_checkpoint
+from service.training.packing import (PackedTrainer, merge_checkpoints, padding_members, seed_bucket,
+                                      split_checkpoint)
 
 
 def _member(lr: float = 1e-2, *, seeds: int = 3, master_seed: int = 0, optimizer: str = "adam",
@@ -161,3 +162,54 @@ def test_structure_keys_and_packable_paths():
     for path in ("train.optimizer.name", "train.steps", "model.layers.0.unit", "model.layers.0.options.gate",
                  "model.hidden_size", "train.regularizer.shape", "seeds"):
         assert not packable_path(path), path
+
+
+def test_seed_buckets_and_padding_rows():
+    """A compiled pack trains the next power of two of seed rows, the extra rows copies of
+    its members' first seeds (`padding_members`)."""
+    assert [seed_bucket(n) for n in (1, 2, 3, 5, 8, 9, 100, 128)] == [1, 2, 4, 8, 8, 16, 128, 128]
+    members = [_member(seeds=3), _member(2e-2, seeds=2, master_seed=4)]
+    assert padding_members(members, 5) == []
+    assert [p.seeds for p in padding_members(members, 8)] == [3]
+    pads = padding_members(members, 16)
+    assert [p.seeds for p in pads] == [3, 2, 3, 2, 1]
+    for i, pad in enumerate(pads):
+        member = members[i % 2]
+        assert pad.seed_ids == member.seed_ids[:pad.seeds]
+        assert pad.model_copy(update={"seeds": member.seeds}) == member
+
+
+@pytest.mark.slow
+def test_packs_of_changing_sizes_reuse_the_compiled_step():
+    """Compiled packs of 6 and 8 seeds, and the 8 after a member is dropped (6 again),
+    all train 8 rows: one compilation for all (dynamo's counters), and each member ends
+    bit-identical to itself alone (compiled, unpadded)."""
+    from torch._dynamo.utils import counters
+
+    short = {"steps": 40, "eval_every": 20}
+    a = _member(1e-2, compile="on", train=short)
+    b = _member(3e-2, seeds=2, master_seed=3, compile="on", train=short)
+    c = _member(2e-2, master_seed=5, compile="on", train=short)
+    alone = {m.master_seed: Trainer(m).run() for m in (a, c)}  # 3 seeds each, not padded
+
+    first = PackedTrainer([a, c])
+    graphs_before = counters["stats"]["unique_graphs"]
+    results = first.run()
+    assert first.trainer is not None and first.trainer.num_seeds == 8
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs - graphs_before <= 1  # none when an earlier test compiled this shape
+    for m, r in zip((a, c), results):
+        _assert_same(alone[m.master_seed], r)
+
+    packed = PackedTrainer([a, b, c])
+
+    def on_eval(evals):
+        if evals[0].report.step == 20:
+            packed.drop([1])
+
+    results = packed.run(on_eval)
+    assert packed.trainer is not None and packed.trainer.num_seeds == 8 and packed.active == [0, 2]
+    assert results[1] is None
+    assert counters["stats"]["unique_graphs"] == graphs, "a pack of another size compiled again"
+    _assert_same(alone[a.master_seed], results[0])
+    _assert_same(alone[c.master_seed], results[2])

@@ -215,3 +215,42 @@ def test_a_recurrent_nau_learns_the_running_sum_and_extrapolates_to_length_1000(
     result = Trainer(config).run()
     assert result.aggregate.successes >= 5  # 7 of 8 when measured
     assert result.aggregate.success_rate_per_range["length_1000"] == result.aggregate.success_rate
+
+
+@pytest.mark.slow
+def test_a_compiled_recurrent_step_keeps_seeds_apart_and_follows_the_eager_one():
+    """``compile: on`` compiles the recurrent training step (``auto`` does on a GPU): one
+    graph, no graph break; seed 2 alone and among 4 ends bit-identical, and the compiled
+    run follows the eager one (they round differently)."""
+    from torch._dynamo.utils import counters
+
+    def config(seeds: int, offset: int = 0, compile: str = "on") -> RunConfig:
+        return RunConfig.model_validate({
+            "task": {"kind": "sequential_digits", "operation": "sum"}, "seeds": seeds, "seed_offset": offset,
+            "device": "cpu", "compile": compile, "train": {"steps": 30, "eval_every": 15, "batch_size": 16}})
+
+    breaks = sum(counters["graph_break"].values())
+    together = Trainer(config(4))
+    assert together.compiled and not Trainer(config(4, compile="auto")).compiled  # auto: eager on a CPU
+    a = together.run()
+    b = Trainer(config(1, 2)).run()
+    eager = Trainer(config(4, compile="off")).run()
+    assert a.compiled and b.compiled and not eager.compiled
+    assert sum(counters["graph_break"].values()) == breaks
+    for name, w in a.weights.items():
+        assert np.array_equal(w[2:3], b.weights[name]), name
+        np.testing.assert_allclose(w, eager.weights[name], rtol=1e-4, atol=1e-6)
+    assert a.seeds[2].model_dump_json() == b.seeds[0].model_dump_json()
+
+
+def test_a_digit_batch_is_drawn_on_the_data_given():
+    """`train_data` placed once (on the trainer's device) gives the batch `train_batch`
+    draws without it: the same images and running sums."""
+    trainer = Trainer(_config({"kind": "sequential_digits", "operation": "sum"}))
+    keys, step = trainer.data_keys, torch.tensor(17)
+    x, t = trainer.task.train_batch(keys, step, 8)
+    xd, td = trainer.task.train_batch(keys, step, 8, trainer.train_data)
+    assert torch.equal(x, xd) and torch.equal(t, td)
+    images, labels = trainer.train_data
+    assert labels.dtype == torch.float32 and images.shape[0] == labels.shape[0]
+    assert torch.equal(t[..., 0], t[..., 0].round()) and float(t[..., -1, 0].max()) <= 9 * 10

@@ -1,0 +1,96 @@
+"""The documentation site: its CLI reference is generated from the Typer app and lists
+every verb and option; every page is in the navigation; it builds with ``--strict`` (broken
+links fail); nothing in it points to files a user of the repository does not have."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+
+from service.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"docs_{name}", DOCS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_cli_reference_lists_every_verb_and_option_of_the_app():
+    text = _load("gen_cli").cli_reference()
+    group = typer.main.get_command(app)
+    assert group.commands, "the app has no verbs"
+    for name, command in group.commands.items():
+        assert f"## `nalu-sweep {name}`" in text, name
+        section = text.split(f"## `nalu-sweep {name}`", 1)[1].split("\n## ", 1)[0]
+        for param in command.params:
+            if param.param_type_name == "argument":
+                assert f"`{param.name.upper()}`" in section, (name, param.name)
+            elif not param.hidden:
+                for opt in param.opts + param.secondary_opts:
+                    assert opt in section, (name, opt)
+            if getattr(param, "help", None):
+                assert " ".join(param.help.split())[:40] in section, (name, param.name)
+
+
+def test_the_cli_page_is_generated_not_written_by_hand():
+    page = (DOCS / "cli.md").read_text()
+    assert "<!-- generated: cli -->" in page
+    assert "--tracking-uri" not in page and "| option |" not in page  # no hand-made copy to go stale
+    hooks = yaml.safe_load((ROOT / "mkdocs.yml").read_text().replace("!!python", "python"))["hooks"]
+    assert "docs/hooks.py" in hooks
+
+
+def _nav_pages(nav) -> list[str]:
+    pages = []
+    for item in nav:
+        for value in (item.values() if isinstance(item, dict) else [item]):
+            pages += _nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def test_every_page_is_in_the_navigation():
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    nav = _nav_pages(config["nav"])
+    pages = sorted(str(p.relative_to(DOCS)) for p in DOCS.rglob("*.md"))
+    assert sorted(nav) == pages
+
+
+def test_nothing_points_to_the_projects_private_files():
+    for path in [ROOT / "README.md", *DOCS.rglob("*.md")]:
+        text = path.read_text()
+        assert "SPEC.md" not in text and "shared folder" not in text and "../shared" not in text, path
+
+
+def test_the_measured_figures_come_from_the_benchmarks_files(tmp_path):
+    results = _load("gen_results")
+    assert "No benchmark" in results.results_markdown(tmp_path)
+    (tmp_path / "throughput.json").write_text(json.dumps(
+        {"command": "python benchmarks/throughput.py", "seed_steps_per_s": {"cpu": 1234.5678}}))
+    text = results.results_markdown(tmp_path)
+    assert "### `throughput.json`" in text and "python benchmarks/throughput.py" in text
+    assert re.search(r"\| `seed_steps_per_s.cpu` \| 1235 \|", text), text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None or importlib.util.find_spec("material") is None,
+                    reason="mkdocs and mkdocs-material are the docs extra: pip install -e '.[docs]'")
+def test_the_site_builds_strictly(tmp_path):
+    mkdocs = shutil.which("mkdocs") or f"{sys.executable} -m mkdocs"
+    proc = subprocess.run([*mkdocs.split(), "build", "--strict", "-d", str(tmp_path / "site")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    cli = (tmp_path / "site" / "cli" / "index.html").read_text()
+    assert "nalu-sweep sweep" in cli and "--validate-seeds" in cli  # the hook ran
