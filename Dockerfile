@@ -31,11 +31,12 @@ RUN mkdir -p service && touch service/__init__.py \
 COPY service ./service
 COPY search_spaces ./search_spaces
 COPY deploy ./deploy
+COPY dashboards ./dashboards
 RUN pip install --no-deps . \
     && chmod 0755 deploy/mlflow/start-mlflow.sh \
     && (id -u nalu >/dev/null 2>&1 || useradd --create-home nalu) \
-    && mkdir -p /shared/runs /mlflow/artifacts \
-    && chown -R nalu:nalu /shared /mlflow
+    && mkdir -p /shared/runs /mlflow/artifacts /tmp/ray \
+    && chown -R nalu:nalu /shared /mlflow /tmp/ray
 
 USER nalu
 WORKDIR /home/nalu

@@ -29,7 +29,7 @@ from service.names import require_sweep_name
 def report(
     name: str = typer.Argument(..., help="The sweep name."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Directory for report.html and the PNGs (default: ./reports/NAME)."),
-    dashboard: Optional[Path] = typer.Option(None, help="Panel definitions (default: the shipped service/report/dashboard.yaml)."),
+    dashboard: Optional[Path] = typer.Option(None, help="Panel definitions (default: the shipped dashboards/report.yaml)."),
     no_log: bool = typer.Option(False, "--no-log", help="Do not log the report to the sweep's MLflow parent run."),
     tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
 ) -> None:

@@ -19,7 +19,8 @@ from service.tracking.best import judge, setting_params
 from service.tracking.store import Outcome
 from service.yamlio import load_mapping
 
-DEFAULT_DASHBOARD = Path(__file__).resolve().parent / "dashboard.yaml"  # package data
+# package data: a link to dashboards/report.yaml in the checkout, the file itself in the wheel
+DEFAULT_DASHBOARD = Path(__file__).resolve().parent / "dashboard.yaml"
 ARTIFACT_DIR = "report"
 
 

@@ -1,5 +1,5 @@
 """The report's panel kinds. A panel kind is a function ``(data, options) -> Panel``
-registered with ``@panel_kind("name")``; `service/report/dashboard.yaml` says which panels a
+registered with ``@panel_kind("name")``; `dashboards/report.yaml` says which panels a
 report shows, in which order, with which options (metrics, how many settings).
 
 To add a panel: write a function here (or in any module imported below) that returns a

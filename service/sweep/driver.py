@@ -111,6 +111,7 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from service.sweep.display import LiveProgress
+    from service.sweep.metrics import SweepMetrics
     from service.sweep.pack_search import PackedOptunaSearch, rung_spec
     from service.sweep.searcher import (
         ResumableOptunaSearch,
@@ -153,9 +154,11 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
             # names (with a retention, Tune forces a snapshot each `num_to_keep` checkpoints,
             # warns that it does so too often, and a resume after a crash may name one deleted)
             checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
-            # Tune's JSON logger writes each trial's result.json, which `tune.ExperimentAnalysis`
-            # and `Tuner.restore(...).get_results()` read (its CSV and TensorBoard loggers stay off)
-            callbacks=[LiveProgress(options.name), JsonLoggerCallback()],
+            # the terminal's progress board; Tune's JSON logger (each trial's result.json, which
+            # `tune.ExperimentAnalysis` and `Tuner.restore(...).get_results()` read; its CSV and
+            # TensorBoard loggers stay off); the sweep's figures as Ray metrics (Prometheus)
+            callbacks=[LiveProgress(options.name), JsonLoggerCallback(),
+                       SweepMetrics(options.name, space.seeds, space.steps * len(space.task_configs()))],
         ),
     )
 
