@@ -23,6 +23,9 @@ def _n(x) -> str:
 def summary(part: dict) -> str:
     """The one figure a reader wants from each part."""
     f = part.get("figures") or {}
+    if isinstance(f.get("json"), dict) and f["json"].get("kind") == "rate":  # engine_throughput.py rate
+        return "; ".join(f"{r['path']} S = {_n(r['seeds'])}: {_n(r['seed_steps_per_s'])} seed·steps/s"
+                         for r in f["json"]["rows"])
     if "passed" in f:
         text = f"{f['passed']} passed, {f['failed']} failed, {f['errors']} errors, {f['skipped']} skipped"
         return text + (f" ({', '.join(f['failures'][:3])})" if f.get("failures") else "")

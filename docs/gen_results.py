@@ -25,6 +25,16 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
     return [(prefix, str(value))]
 
 
+def _gpu_tables(report: dict) -> str:
+    """The GPU check's report as `benchmarks/gpu_results.py` renders it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_results", RESULTS.parent / "gpu_results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.render(report)
+
+
 def results_markdown(directory: Path = RESULTS) -> str:
     files = sorted(directory.glob("*.json")) if directory.is_dir() else []
     if not files:
@@ -36,6 +46,10 @@ def results_markdown(directory: Path = RESULTS) -> str:
             data = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             parts.append(f"### `{path.name}`\n\nunreadable: {e}\n")
+            continue
+        if path.name == "gpu_check.json" and isinstance(data, dict):  # its own tables (benchmarks/gpu_results.py)
+            parts.append(f"### `{path.name}`\n\nReproduce on a GPU host with `python benchmarks/gpu_check.py` "
+                         f"(this file: `{data.get('command', '')}`)\n\n{_gpu_tables(data)}")
             continue
         command = data.get("command") if isinstance(data, dict) else None
         rows = [(k, v) for k, v in _flatten(data) if k != "command"]
