@@ -28,7 +28,7 @@ from service import native
 from service.config import RunConfig
 from service.pack_structure import check_pack, packable
 from service.scoring.metrics import aggregate, per_seed_metrics
-from service.seeding import generator as rng, seed_generator, stream_keys
+from service.seeding import InitStream, generator as rng, stream_keys
 from service.training.checkpoint import (
     TrainerCheckpoint,
     pack_fingerprint,
@@ -95,7 +95,6 @@ class Trainer(Evaluation):
         self.model: BatchedModel = build_model(config, self.num_seeds).to(self.device, self.dtype)
         if packable(config):  # a recurrent model keeps its shared options
             self.model.set_seed_variants(self.settings)
-        self.init_generators = [seed_generator(m, "init", s) for m, s in zip(self.master_seeds, self.seed_ids)]
         self.reinit_counts = [0] * self.num_seeds
         self._reset_positions(list(range(self.num_seeds)))
         self.model.clamp_()
@@ -173,11 +172,11 @@ class Trainer(Evaluation):
         return torch.cat([stream_keys(m.master_seed, stream, m.seed_ids) for m in self.settings.members]).to(self.device)
 
     def _reset_positions(self, positions: list[int]) -> None:
-        gens = []
-        for k in range(self.num_seeds):
-            gens.append(self.init_generators[k] if self.reinit_counts[k] == 0 else
-                        seed_generator(self.master_seeds[k], f"reinit/{self.reinit_counts[k]}", self.seed_ids[k]))
-        self.model.reset_parameters(gens, positions)
+        """Re-draw ``positions``, each from its seed's Philox stream "init" or "reinit/<n>"."""
+        streams: list[InitStream | None] = [None] * self.num_seeds
+        for k, n in ((k, self.reinit_counts[k]) for k in positions):
+            streams[k] = InitStream(self.master_seeds[k], f"reinit/{n}" if n else "init", self.seed_ids[k])
+        self.model.reset_parameters(streams, positions)
 
     # -- the step ---------------------------------------------------------------------------
     def _batch(self, step: Tensor) -> tuple[Tensor, Tensor]:

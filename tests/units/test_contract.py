@@ -8,6 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from service.seeding import InitStream
 from service.units import (
     ForwardContext,
     UnknownUnitError,
@@ -66,8 +67,8 @@ UNSUPPORTED_EXACT = {
 EXACT_W = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
 
 
-def generators(seeds: list[int]) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(1000 + s) for s in seeds]
+def generators(seeds: list[int]) -> list[InitStream]:
+    return [InitStream(0, "init", 1000 + s) for s in seeds]
 
 
 def context(seeds: list[int], step: int = 7) -> ForwardContext:
