@@ -162,7 +162,8 @@ class PackedTrainer:
             history = report.history.seeds(rows)
             diverged = report.diverged[rows]
             seeds = per_seed_metrics(history, trainer.thresholds, best[rows], diverged, None,
-                                     trainer.seed_ids[rows], final_sparsity_error=sparsity[rows])
+                                     trainer.seed_ids[rows], final_sparsity_error=sparsity[rows],
+                                     prerequisites=trainer.task.range_prerequisites())
             out.append(MemberEval(
                 index=index, thresholds=trainer.thresholds, aggregate=aggregate(seeds),
                 report=dataclasses.replace(

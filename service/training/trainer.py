@@ -396,7 +396,8 @@ class Trainer(Evaluation):
         final_sparsity = self.model.sparsity_error().detach().cpu().numpy()[rows]
         seed_ids = self.seed_ids[rows]
         seeds = per_seed_metrics(history, self.thresholds, self.best_sparsity_error[rows].cpu().numpy(), diverged,
-                                 diverged_at, seed_ids, final_sparsity_error=final_sparsity)
+                                 diverged_at, seed_ids, final_sparsity_error=final_sparsity,
+                                 prerequisites=self.task.range_prerequisites())
         weights = {k: w[rows].detach().cpu().numpy() for k, w in self.model.weight_matrices().items()}
         state = {k: v[rows] for k, v in self.model.state_dict().items()}
         return RunResult(
