@@ -13,7 +13,16 @@ from service.seeding.streams import (
     stream_key,
     stream_keys,
 )
-from service.seeding.init_stream import InitStream
 
 __all__ = ["SEED_ID_LIMIT", "InitStream", "derive_seed", "generator_for", "stream_key",
            "stream_keys"]
+
+
+def __getattr__(name: str):
+    """`InitStream` on first use: it needs torch, and this package is imported where torch
+    is not (a sweep's driver checks search spaces without it)."""
+    if name == "InitStream":
+        from service.seeding.init_stream import InitStream
+
+        return InitStream
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
