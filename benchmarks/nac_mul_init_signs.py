@@ -12,8 +12,10 @@ seed's initial weights from the reproduction's own run config (the trainer draws
 (master seed, seed id) alone, so nothing is trained), counts the positive Ŵ of the NAC•
 layer per seed, and prints the success rate in each group beside the overall one — the
 explanation of the NAC• row's distance from the published 13% (README, "Reproducing the
-papers"). The initial weights are the current code's: read a result written by the same
-commit.
+papers"). A result records its ``initialisation``: ``philox`` (the current code's streams,
+`service.seeding.InitStream`) is rebuilt by the trainer itself; a result without the field
+was written before them, with one torch generator per seed (``torch-generators``), and is
+rebuilt with that generator through the same units' initialisation code.
 """
 
 from __future__ import annotations
@@ -25,15 +27,51 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
 from service.config import RunConfig  # noqa: E402
+from service.seeding import stream_key  # noqa: E402
 from service.training import Trainer  # noqa: E402
 from service.scoring.metrics import wilson_interval  # noqa: E402
 
+PHILOX, TORCH_GENERATORS = "philox", "torch-generators"
+"""A reproduction's ``initialisation``: the current Philox streams, or (no field) the
+per-seed torch generators before them."""
+_MASK32 = 0xFFFF_FFFF
 
-def initial_positive_counts(config: dict) -> list[int]:
+
+def _permute32(x: int) -> int:
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & _MASK32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & _MASK32
+    return x ^ (x >> 16)
+
+
+class _TorchGeneratorStream:
+    """The initialisation before the Philox streams: seed id s's torch generator, seeded
+    with ``permute32(s ^ k0) ^ k1`` under the key of ``torch/init``, drawn in unit order."""
+
+    def __init__(self, master_seed: int, seed_id: int) -> None:
+        k0, k1 = stream_key(master_seed, "torch/init")
+        self.generator = torch.Generator().manual_seed(_permute32(int(seed_id) ^ k0) ^ k1)
+
+    def uniform_(self, w: torch.Tensor, a: float, b: float) -> torch.Tensor:
+        return w.uniform_(a, b, generator=self.generator)
+
+    def normal_(self, w: torch.Tensor, mean: float = 0.0, std: float = 1.0) -> torch.Tensor:
+        return w.normal_(mean, std, generator=self.generator)
+
+
+def initial_positive_counts(config: dict, initialisation: str = PHILOX) -> list[int]:
     """Per seed, how many of the NAC• layer's initial Ŵ are positive (0, 1 or 2)."""
     run = RunConfig.model_validate({**config, "compile": "off", "device": "cpu"})
-    units = Trainer(run).model.units
+    trainer = Trainer(run)
+    units = trainer.model.units
+    if initialisation == TORCH_GENERATORS:
+        trainer.model.reset_parameters([_TorchGeneratorStream(run.master_seed, s) for s in trainer.seed_ids])
+    elif initialisation != PHILOX:
+        raise SystemExit(f"unknown initialisation {initialisation!r}: {PHILOX} or {TORCH_GENERATORS}")
     nac_mul = next(u for u in units if u.name == "nac_mul")
     w_hat = dict(nac_mul.named_parameters())["w_hat"].detach()  # [S, out, in]
     return (w_hat > 0).reshape(w_hat.shape[0], -1).sum(1).tolist()
@@ -46,7 +84,7 @@ def split_by_signs(data: dict) -> dict[int, tuple[int, int]]:
     if cell is None:
         raise SystemExit("the result has no NAC• × row: run benchmarks/reproduce.py small_mul first")
     success = [s["success"] for s in cell["seeds"]]
-    counts = initial_positive_counts(cell["config"])
+    counts = initial_positive_counts(cell["config"], data.get("initialisation", TORCH_GENERATORS))
     if len(counts) != len(success):
         raise SystemExit(f"{len(success)} seed outcomes but the config builds {len(counts)} seeds")
     return split_counts(counts, success)

@@ -125,6 +125,10 @@ PROTOCOLS: dict[str, Protocol] = {
     ),
 }
 
+INITIALISATION = "philox"
+"""Where the initial weights come from (`service.seeding.InitStream`); a result without the
+field was drawn with per-seed torch generators, before these streams."""
+
 # -- the published figures ------------------------------------------------------------------------
 # (success %, its +/− interval, solved_at median, solved_at mean (+/−), sparsity error mean (±)),
 # as printed in the paper; None where the paper prints "—" (no solved seed) or has no row.
@@ -448,6 +452,7 @@ def write_outputs(folder: Path, protocol: Protocol, args: argparse.Namespace, re
         "protocol": protocol.name, "title": protocol.title, "note": protocol.note,
         "seeds": args.seeds, "steps": args.steps, "protocol_steps": protocol.steps,
         "shortened": args.steps != protocol.steps, "device": args.device, "train": TRAIN,
+        "initialisation": INITIALISATION,
         "elapsed_s": elapsed_s, "machine": machine(), "columns": COLUMNS, "cells": results,
     }
     if args.merge:

@@ -66,8 +66,8 @@ def test_a_model_that_does_not_validate_gets_a_not_available_row(tmp_path):
 def test_the_committed_nac_mul_outcomes_follow_the_current_initial_signs(capsys):
     """The README explains the NAC• row by its seeds' initial signs, from the committed
     `benchmarks/reproduce_small_mul.json`. The script rebuilds those initial weights with
-    the current code: a change of the initialisation makes them another draw than the one
-    the committed outcomes came from, and this fails until the reproduction is re-run."""
+    the initialisation the file records (docs/reproducing.md): a change of either makes
+    them another draw than the one the committed outcomes came from, and this fails."""
     module = _benchmark("nac_mul_init_signs")
     split = module.main([str(ROOT / "benchmarks" / "reproduce_small_mul.json")])
     seeds = sum(n for n, _ in split.values())

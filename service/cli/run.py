@@ -221,15 +221,17 @@ def print_run_result(result: RunResult, console: Console) -> None:
 
 
 def print_length_table(result: RunResult, console: Console) -> None:
-    """Recurrent tasks: success and median MSE per test length, and the longest length solved."""
+    """Recurrent tasks: success and the cell's median squared error (on the seed's own
+    read-out) per test length, the read-out's, and the longest length solved."""
     from service.scoring.sequence import length_rows, longest_solved_summary
 
     task = result.config.task
     table = Table(title=f"per test length (trained on length {task.train_length})")
-    for column in ("length", "success [95% CI]", "MSE (median)", "threshold"):
+    for column in ("length", "success [95% CI]", "cell error (median)", "threshold"):
         table.add_column(column, justify="right")
     for row in length_rows(task, result.seeds, result.thresholds):
-        table.add_row(str(row.length), f"{row.successes}/{row.n_seeds} [{row.ci_low:.0%}, {row.ci_high:.0%}]",
+        label = "read-out (per-step MSE)" if row.length is None else str(row.length)
+        table.add_row(label, f"{row.successes}/{row.n_seeds} [{row.ci_low:.0%}, {row.ci_high:.0%}]",
                       fmt_number(row.mse_median), f"{row.threshold:.3g}")
     console.print(table)
     values, median = longest_solved_summary(task, result.seeds)

@@ -47,6 +47,7 @@ def success_vs_length(data: ReportData, options: dict[str, Any]) -> Panel:
         return empty("no per-length metrics: not a recurrent (sequence) task")
     fig.update_layout(xaxis={"type": "log", "title": "test sequence length"}, height=380,
                       yaxis={"range": [-0.02, 1.02], "title": "success rate (95% Wilson CI)"})
-    return Panel(fig, "Share of seeds below the solved reference's threshold at each test length "
-                      "(at each seed's best-validation step); the models train on one length only.")
+    return Panel(fig, "Share of seeds that solve each test length (at each seed's best-validation step): "
+                      "an accurate read-out, and a cell exact on the seed's own read-out at that length "
+                      "and every shorter one; the models train on one length only.")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import TYPE_CHECKING, Annotated, Any, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Mapping, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, PlainSerializer
@@ -199,6 +199,7 @@ def per_seed_metrics(
     diverged_at: Sequence[int | None] | np.ndarray | None = None,
     seed_ids: Sequence[int] | None = None,
     final_sparsity_error: Sequence[float] | np.ndarray | None = None,
+    prerequisites: Mapping[str, Sequence[str]] | None = None,
 ) -> list[SeedMetrics]:
     """Per-seed success, ``best_step``, ``solved_at`` and MSEs from an evaluation history.
 
@@ -211,8 +212,13 @@ def per_seed_metrics(
     * success (per range): the extrapolation MSE at ``best_step`` is below the range's
       threshold; a seed succeeds when every range does. A diverged seed fails whatever it
       reached before.
+    * ``prerequisites`` (``{range: ranges it needs}``, `Task.range_prerequisites`): a range
+      succeeds only where the ranges it needs are below their thresholds too (a recurrent
+      task's length L needs its read-out and every shorter test length), so its success
+      is the conjunction; a seed's success (every range) is the same either way.
     * ``solved_at``: the first evaluation step at which every range is below its threshold;
-      ``None`` for a failed seed (likewise ``solved_at_per_range`` per range).
+      ``None`` for a failed seed (likewise ``solved_at_per_range`` per range, with its
+      prerequisites).
     * ``diverged_at``: a step, or ``None``/negative/NaN for a seed that did not diverge.
     """
     names = list(history.extrapolation_mse)
@@ -241,6 +247,11 @@ def per_seed_metrics(
         interp_best = np.full(n_seeds, np.nan)
 
     below = {n: history.extrapolation_mse[n] < float(thresholds[n]) for n in names}  # NaN → False
+    needs = dict(prerequisites or {})
+    unknown = sorted({p for n in names for p in needs.get(n, ()) if p not in below})
+    if unknown:
+        raise ValueError(f"prerequisite range(s) {unknown} are not in the history")
+    below = {n: np.logical_and.reduce([below[n], *(below[p] for p in needs.get(n, ()))]) for n in names}
     ok_range = {
         n: (below[n][best, cols] if n_evals else np.zeros(n_seeds, bool)) & ~div for n in names
     }

@@ -1,7 +1,9 @@
 """Per-length metrics of recurrent tasks: each test length is one "extrapolation range"
-(``length_<L>``) of the ordinary pipeline, so per-seed success, the Wilson interval and the
-objective (success at every test length) need nothing new; this adds the per-length view
-and the longest length solved."""
+(``length_<L>``: the cell judged on the seed's own read-out) of the ordinary pipeline, and
+so is the read-out's accuracy (``readout``); a length counts as solved only with the
+read-out and every shorter length (`SequenceTask.range_prerequisites`), so per-seed
+success, the Wilson interval, ``success_rate_per_range`` and the objective need nothing
+new. This adds the per-length view and the longest length solved (docs/metrics-sequence.md)."""
 
 from __future__ import annotations
 
@@ -11,17 +13,17 @@ from typing import Sequence
 import numpy as np
 
 from service.scoring.metrics import SeedMetrics, wilson_interval
-from service.tasks.sequence import SequenceTask, length_name
+from service.tasks.sequence import READOUT, SequenceTask, length_name
 
 
 @dataclass(frozen=True)
 class LengthRow:
-    length: int
+    length: int | None  # None: the read-out's row
     successes: int
     n_seeds: int
     ci_low: float
     ci_high: float
-    mse_median: float | None
+    mse_median: float | None  # the cell's squared error on the seed's own read-out
     threshold: float
 
     @property
@@ -31,7 +33,7 @@ class LengthRow:
 
 def longest_solved(seed: SeedMetrics, lengths: Sequence[int]) -> int:
     """The longest test length up to which the seed succeeds at every test length
-    (0 when it fails the shortest)."""
+    (0 when it fails the shortest; a length's success already needs the shorter ones')."""
     best = 0
     for length in sorted(lengths):
         if not seed.success_per_range.get(length_name(length), False):
@@ -41,10 +43,10 @@ def longest_solved(seed: SeedMetrics, lengths: Sequence[int]) -> int:
 
 
 def length_rows(task: SequenceTask, seeds: Sequence[SeedMetrics], thresholds: dict[str, float]) -> list[LengthRow]:
-    """Success (with a 95% Wilson interval) and median MSE at each test length."""
+    """Success (with a 95% Wilson interval) and the cell's median squared error at each
+    test length; then the read-out's row (``length`` None; its per-step MSE)."""
     rows = []
-    for length in task.test_lengths:
-        name = length_name(length)
+    for length, name in [*((n, length_name(n)) for n in task.test_lengths), (None, READOUT)]:
         ok = sum(s.success_per_range.get(name, False) for s in seeds)
         low, high = wilson_interval(ok, len(seeds))
         mse = np.array([s.extrapolation_mse.get(name, np.nan) for s in seeds], dtype=np.float64)

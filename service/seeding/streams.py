@@ -18,15 +18,10 @@ block index (``c0``). Philox is a bijection of the 128-bit counter for a fixed k
 seed ids below 2**32 never share a stream, by construction; two stream names (or master
 seeds) differ in their key unless their 64-bit hashes collide (~2**-64).
 
-Per-seed torch generators (initialisation, re-initialisation)
---------------------------------------------------------------
-torch seeds its CPU Mersenne Twister from the low 32 bits of ``manual_seed``'s argument
-only. A 64-bit hash per (master seed, stream, seed id) would therefore give two seeds the
-same initial weights whenever the low halves collide: about S²/2**33, 1% of 10,000-seed
-runs. `seed_generator` seeds with a keyed bijection of the 32-bit seed id instead, so within
-one stream distinct seed ids get distinct generator states, by construction. (Across
-streams — seed a's initialisation and seed b's third re-initialisation — 32 bits leave a
-2**-32 chance per pair.)
+Initial weights (`service.seeding.init_stream`)
+------------------------------------------------
+Streams ``"init"`` and ``"reinit/<n>"`` under the same scheme: a seed's initial weights
+come from the same generator as its data, under a key of their own.
 """
 
 from __future__ import annotations
@@ -51,35 +46,10 @@ def derive_seed(master_seed: int, *path: str | int) -> int:
 
 def generator_for(master_seed: int, *path: str | int) -> torch.Generator:
     """A CPU generator seeded for the named stream (evaluation sets, thresholds: one per
-    task, not one per training seed; those use `seed_generator`)."""
+    task, not one per training seed; those use `InitStream` and `stream_keys`)."""
     import torch
 
     return torch.Generator().manual_seed(derive_seed(master_seed, *path))
-
-
-_MASK32 = 0xFFFF_FFFF
-
-
-def permute32(x: int) -> int:
-    """A bijection of [0, 2**32): lowbias32's xorshifts and odd multipliers, each invertible
-    modulo 2**32 (tests invert it)."""
-    x ^= x >> 16
-    x = (x * 0x7FEB352D) & _MASK32
-    x ^= x >> 15
-    x = (x * 0x846CA68B) & _MASK32
-    return x ^ (x >> 16)
-
-
-def seed_generator(master_seed: int, stream: str, seed_id: int) -> torch.Generator:
-    """Seed ``seed_id``'s CPU generator for ``stream`` (``"init"``, ``"reinit/2"``): its
-    32-bit torch seed is ``permute32(seed_id ^ k0) ^ k1`` under the stream's key, a
-    bijection of the seed id, so two seeds of a run never start from the same state."""
-    import torch
-
-    if not 0 <= int(seed_id) < SEED_ID_LIMIT:
-        raise ValueError(f"seed id {seed_id} is outside [0, 2**32)")
-    k0, k1 = stream_key(master_seed, f"torch/{stream}")
-    return torch.Generator().manual_seed(permute32(int(seed_id) ^ k0) ^ k1)
 
 
 def stream_key(master_seed: int, stream: str) -> tuple[int, int]:

@@ -63,7 +63,8 @@ def partial_aggregate(trainer: Trainer, report: EvalReport) -> AggregateMetrics:
     except Exception:  # noqa: BLE001 - a tie-breaker only; never fail the trial for it
         final = np.full(trainer.num_seeds, np.nan)
     seeds = per_seed_metrics(report.history, trainer.thresholds, trainer.best_sparsity_error.cpu().numpy(),
-                             report.diverged, None, trainer.seed_ids, final_sparsity_error=final)
+                             report.diverged, None, trainer.seed_ids, final_sparsity_error=final,
+                             prerequisites=trainer.task.range_prerequisites())
     return aggregate(seeds)
 
 

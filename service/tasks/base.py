@@ -113,6 +113,11 @@ class Task(Frozen):
         """Every named range: ``interpolation`` first, then the extrapolation ranges."""
         return {"interpolation": self.interpolation, **self.extrapolation}
 
+    def range_prerequisites(self) -> dict[str, tuple[str, ...]]:
+        """``{range: ranges it needs}``: a range counts as solved only where these are too
+        (`service.scoring.metrics.per_seed_metrics`); none for a static task's ranges."""
+        return {}
+
     def perturbed_selection(self, epsilon: float = THRESHOLD_EPSILON) -> torch.Tensor:
         """The nearly perfect first layer: every weight moved ε towards the wrong side.
 

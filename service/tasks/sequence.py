@@ -10,9 +10,22 @@ The model extrapolates in *length*: it trains on ``train_length`` and is tested 
 (named ``length_<L>``), so per-seed success, the Wilson interval and the objective work
 unchanged; the validation ("interpolation") set has the training length.
 
-Success threshold per length: the MSE of a *solved reference* (the task's reference
-read-out followed by exact arithmetic in float64) on the same test sequences, plus a
-one-sided 99% upper bound on that mean (normal approximation: ``mean + 2.326·sd/√N``).
+What is scored (docs/metrics-sequence.md): the read-out and the arithmetic apart.
+
+* ``readout``: the read-out's per-step MSE against the true step operands, over every
+  position of the test sequences; threshold: the task's solved reference read-out's.
+* ``length_<L>``: the cell judged on the model's *own* read-out: the squared difference
+  at position L between the cell's output and the exact running sum (product), in float64,
+  of the values the model's read-out produced; threshold: a nearly exact cell that takes
+  each step's value with weight 1 − ε (ε = 1e-5, SPEC.md §3's) and accumulates exactly,
+  run on the reference read-out's values, plus what float32 rounding costs an exact cell. A noisy read-out therefore cannot pass a long length by being less biased
+  than the reference: the read-out's error does not enter a length's figure at all.
+* a length counts as solved only with the read-out and every shorter test length
+  (`range_prerequisites`): a sequence of length L holds the outputs at every shorter
+  length, and the model is asked for all of them.
+
+Each threshold is the reference's mean squared error plus a one-sided 99% upper bound on
+that mean (normal approximation: ``mean + 2.326·sd/√N``).
 """
 
 from __future__ import annotations
@@ -37,6 +50,10 @@ REFERENCE_CONFIDENCE = 0.99
 """One-sided confidence of the upper bound on the solved reference's MSE."""
 
 _MAX_TEST_LENGTH = 100_000
+READOUT = "readout"
+"""The range name of the read-out's per-step accuracy."""
+CELL_EPSILON = 1e-5
+"""How far from exact the step weight of the threshold's nearly solved cell is (SPEC.md §3's ε)."""
 
 
 def length_name(length: int) -> str:
@@ -49,18 +66,20 @@ class SequenceSet:
 
     ``inputs`` is ``[N, L, I]`` float32 (numbers), or ``[N, L]`` int64 indices into
     ``table [n, I]`` (images: the read-out then runs once per image, not per position).
-    ``targets [N, L]`` float64 are the running results at every position; ``lengths``
-    names the positions that are scored (``{name: L}``, read at index ``L − 1``).
+    ``operands [N, L]`` float64 are the true step operands, ``targets [N, L]`` float64 the
+    running results at every position; ``lengths`` names the positions that are scored
+    (``{name: L}``, read at index ``L − 1``).
     """
 
     inputs: Tensor
+    operands: Tensor
     targets: Tensor
     lengths: dict[str, int]
     table: Tensor | None = None
 
     def to(self, device: torch.device | str) -> "SequenceSet":
-        return SequenceSet(self.inputs.to(device), self.targets.to(device), dict(self.lengths),
-                           None if self.table is None else self.table.to(device))
+        return SequenceSet(self.inputs.to(device), self.operands.to(device), self.targets.to(device),
+                           dict(self.lengths), None if self.table is None else self.table.to(device))
 
     def features(self, start: int, end: int) -> Tensor:
         """Inputs of positions ``start:end`` as ``[N, end − start, I]`` float32."""
@@ -148,8 +167,8 @@ class SequenceTask(Task):
         ``test`` (one set of the longest test length, read at every test length)."""
         raise NotImplementedError
 
-    def reference_errors(self, name: str, data: SequenceSet) -> Tensor:
-        """Squared errors ``[N, len(lengths)]`` (float64) of the solved reference."""
+    def reference_values(self, data: SequenceSet) -> Tensor:
+        """The solved reference read-out's value at every position ``[N, L]`` (float64)."""
         raise NotImplementedError
 
     # -- shared -------------------------------------------------------------------------------
@@ -158,7 +177,45 @@ class SequenceTask(Task):
         return 0.0 if self.operation == "sum" else 1.0
 
     def extrapolation_names(self) -> list[str]:
-        return [length_name(n) for n in self.test_lengths]
+        """Every test length's range (the cell on the model's own read-out), then `READOUT`."""
+        return [length_name(n) for n in self.test_lengths] + [READOUT]
+
+    def range_prerequisites(self) -> dict[str, tuple[str, ...]]:
+        """Length L is solved only with the read-out and every shorter test length."""
+        names = [length_name(n) for n in self.test_lengths]  # ascending
+        return {name: (READOUT, *names[:i]) for i, name in enumerate(names)}
+
+    def cell_reference_errors(self, data: SequenceSet) -> Tensor:
+        """Squared errors ``[N, len(lengths)]`` (float64) of the threshold's nearly solved
+        cell at the scored positions, against the exact running result of the values it is
+        fed (the reference read-out's): the step's weight ε from exact, the accumulation
+        exact (``h ← h + (1 − ε)v``; products ``h ← h·((1 − ε)v + ε)``, the NMU's form), as
+        the static tasks' nearly perfect model (SPEC.md §3); plus an exact cell that rounds
+        to float32 at every step, as the model's does. (ε on the recurrence weight would
+        compound over the sequence: 1% at length 1000, 63% at 100,000.)"""
+        import torch
+
+        v32 = self.reference_values(data).to(torch.float32)  # what a float32 read-out gives
+        v = v32.double()
+        exact = self.accumulate(v, 1)
+        e, keep = CELL_EPSILON, 1.0 - CELL_EPSILON
+        near = torch.full_like(v[:, 0], self.start_state)
+        rounded = near.to(torch.float32)
+        errors = torch.empty(v.shape[0], len(data.lengths), dtype=torch.float64)
+        columns = {n - 1: j for j, n in enumerate(data.lengths.values())}
+        for t in range(max(columns) + 1):
+            if self.operation == "sum":
+                near, rounded = near + keep * v[:, t], rounded + v32[:, t]
+            else:
+                near, rounded = near * (keep * v[:, t] + e), rounded * v32[:, t]
+            if t in columns:
+                errors[:, columns[t]] = ((near - exact[:, t]).square()
+                                         + (rounded.double() - exact[:, t]).square())
+        return errors
+
+    def readout_reference_errors(self, data: SequenceSet) -> Tensor:
+        """The reference read-out's squared error at every position, ``[N·L, 1]`` (float64)."""
+        return (self.reference_values(data) - data.operands).square().reshape(-1, 1)
 
     def accumulate(self, operands: Tensor, dim: int) -> Tensor:
         return operands.cumsum(dim) if self.operation == "sum" else operands.cumprod(dim)
@@ -173,8 +230,9 @@ class SequenceTask(Task):
         return dict(sets) if device is None else {k: v.to(device) for k, v in sets.items()}
 
     def success_thresholds(self) -> dict[str, float]:
-        """``{length_<L>: threshold}``: the solved reference's test MSE at each length plus
-        its one-sided 99% upper bound (cached per configuration)."""
+        """``{length_<L>: threshold, readout: threshold}``: the nearly solved cell's test MSE
+        at each length (`cell_reference_errors`) and the reference read-out's per-step MSE,
+        each plus its one-sided 99% upper bound (cached per configuration)."""
         return dict(_thresholds_cached(type(self), self.config_key()))
 
 
@@ -193,7 +251,7 @@ def _sets_cached(cls: type[SequenceTask], key: str) -> dict[str, SequenceSet]:
     return cls.model_validate(fields_of(key)).draw_sets()
 
 
-_CACHE_VERSION = 1  # bump when a reference changes: old disk entries are then ignored
+_CACHE_VERSION = 3  # bump when a reference changes: old disk entries are then ignored
 
 
 @functools.lru_cache(maxsize=64)
@@ -207,8 +265,9 @@ def _thresholds_cached(cls: type[SequenceTask], key: str) -> dict[str, float]:
         return cached
     task = cls.model_validate(fields_of(key))
     test = task.sequence_sets()["test"]
-    bounds = upper_bound(task.reference_errors("test", test))
+    bounds = upper_bound(task.cell_reference_errors(test))
     thresholds = {name: float(b) for name, b in zip(test.lengths, bounds.tolist())}
+    thresholds[READOUT] = float(upper_bound(task.readout_reference_errors(test))[0])
     write_cache(path, key, thresholds)
     return thresholds
 

@@ -2,10 +2,11 @@
 
 A run's state is small and explicit: the parameters, the per-seed optimiser state, the
 step, the per-seed masks and counters (alive, diverged_at, best loss, last improvement,
-re-initialisation counts, the best evaluation so far and its sparsity error), the
-initialisation generators and the evaluation history.
-The data and the noise of step t depend only on (per-seed key, t), so nothing else is
-needed to draw the same batches again.
+re-initialisation counts, the best evaluation so far and its sparsity error) and the
+evaluation history.
+The data and the noise of step t depend only on (per-seed key, t), and a re-initialisation
+only on (per-seed key, re-initialisation count), so nothing else is needed to draw the
+same numbers again.
 
 Files are written with `torch.save` and read with ``torch.load(weights_only=True)``: a
 checkpoint holds tensors, numbers, strings and lists/dicts of them only, so loading one
@@ -32,13 +33,13 @@ from service.training.result import RunResult
 if TYPE_CHECKING:
     from service.training.trainer import Trainer
 
-FORMAT = 4
+FORMAT = 5
 """Version of the payload layout; a checkpoint of another version is refused. 2: data and
 noise from Philox4x32-10 streams (a format-1 checkpoint was trained on another generator;
 continuing it would change its trajectory); 3: the per-seed best-evaluation state and the
 final sparsity error were added; 4: initialisation and re-initialisation generators seeded
-by a bijection of the seed id (`seeding.seed_generator`: a format-3 run draws other
-weights)."""
+by a bijection of the seed id (a format-3 run draws other weights); 5: initial weights from
+Philox streams (`seeding.InitStream`), no generator states kept."""
 
 _IGNORED_FIELDS = ("device", "compile", "cuda_graphs")
 """Run-config fields that do not change the trajectory (a run may move device or compile
@@ -92,8 +93,6 @@ class TrainerCheckpoint:
     best_step: Tensor  # [S] int64, the step of that evaluation
     best_sparsity_error: Tensor  # [S] float64, the sparsity error of that step's weights
     reinit_counts: tuple[int, ...]
-    init_generators: tuple[Tensor, ...]  # torch.Generator states (uint8); drawn from only when
-    # the model is built (re-draws use fresh per-(seed, count) generators), kept for completeness
     eval_steps: tuple[int, ...]
     interpolation_mse: Tensor  # [E, S] float64
     extrapolation_mse: dict[str, Tensor]  # range -> [E, S] float64
@@ -118,7 +117,6 @@ class TrainerCheckpoint:
             "best_step": self.best_step,
             "best_sparsity_error": self.best_sparsity_error,
             "reinit_counts": list(self.reinit_counts),
-            "init_generators": list(self.init_generators),
             "eval_steps": list(self.eval_steps),
             "interpolation_mse": self.interpolation_mse,
             "extrapolation_mse": dict(self.extrapolation_mse),
@@ -145,7 +143,6 @@ class TrainerCheckpoint:
                 best_step=_tensor(payload["best_step"]),
                 best_sparsity_error=_tensor(payload["best_sparsity_error"]),
                 reinit_counts=tuple(int(c) for c in payload["reinit_counts"]),
-                init_generators=tuple(_tensor(g) for g in payload["init_generators"]),
                 eval_steps=tuple(int(s) for s in payload["eval_steps"]),
                 interpolation_mse=_tensor(payload["interpolation_mse"]),
                 extrapolation_mse={str(k): _tensor(v) for k, v in payload["extrapolation_mse"].items()},
@@ -302,7 +299,6 @@ def take_checkpoint(self: "Trainer", elapsed_s: float = 0.0) -> TrainerCheckpoin
         best_step=cpu_copy(self.best_step),
         best_sparsity_error=cpu_copy(self.best_sparsity_error),
         reinit_counts=tuple(self.reinit_counts),
-        init_generators=tuple(g.get_state() for g in self.init_generators),
         eval_steps=tuple(self._steps),
         interpolation_mse=stacked(self._interp),
         extrapolation_mse={n: stacked(v) for n, v in self._extrap.items()},
@@ -328,8 +324,6 @@ def restore_checkpoint(self: "Trainer", ckpt: TrainerCheckpoint) -> None:
                         (self.best_step, ckpt.best_step), (self.best_sparsity_error, ckpt.best_sparsity_error)):
         live.copy_(saved.to(dev))
     self.reinit_counts = list(ckpt.reinit_counts)
-    for g, state in zip(self.init_generators, ckpt.init_generators, strict=True):
-        g.set_state(state)
     self._steps = list(ckpt.eval_steps)
     self._interp = list(ckpt.interpolation_mse.to(dev).unbind(0))
     self._extrap = {n: list(ckpt.extrapolation_mse[n].to(dev).unbind(0)) for n in self._extrap}

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from service.config import RunConfig
+from service.seeding.init_stream import InitStream
 from service.units.base import ForwardContext, Unit
 from service.units.registry import build_unit
 
@@ -45,10 +46,11 @@ class BatchedModel(nn.Module):
         for unit in self.units:
             unit.clamp_()
 
-    def reset_parameters(self, generators: Sequence[torch.Generator],
+    def reset_parameters(self, generators: Sequence[InitStream],
                          seeds: Sequence[int] | None = None) -> None:
         """Re-draw the parameters of batch positions ``seeds`` (all by default); layer by
-        layer from each seed's own generator, so a seed's draw ignores its batch mates."""
+        layer from each seed's own initialisation stream, so a seed's draw ignores its
+        batch mates."""
         for unit in self.units:
             unit.reset_parameters(generators, seeds)
 

@@ -64,7 +64,7 @@ def split_checkpoint(ckpt: TrainerCheckpoint, members: Sequence[RunConfig]) -> l
             model={k: v[rows].clone() for k, v in ckpt.model.items()},
             optimizer_powers=ckpt.optimizer_powers[:, rows].clone(),
             optimizer_state=tuple(tuple(b[rows].clone() for b in st) for st in ckpt.optimizer_state),
-            reinit_counts=ckpt.reinit_counts[rows], init_generators=ckpt.init_generators[rows],
+            reinit_counts=ckpt.reinit_counts[rows],
             interpolation_mse=ckpt.interpolation_mse[:, rows].clone(),
             extrapolation_mse={n: v[:, rows].clone() for n, v in ckpt.extrapolation_mse.items()},
             **{name: getattr(ckpt, name)[rows].clone() for name in _PER_SEED},
@@ -92,7 +92,6 @@ def merge_checkpoints(parts: Sequence[TrainerCheckpoint], members: Sequence[RunC
         optimizer_state=tuple(tuple(torch.cat([p.optimizer_state[i][j] for p in parts])
                                     for j in range(len(st))) for i, st in enumerate(first.optimizer_state)),
         reinit_counts=tuple(c for p in parts for c in p.reinit_counts),
-        init_generators=tuple(g for p in parts for g in p.init_generators),
         interpolation_mse=cat("interpolation_mse", 1),
         extrapolation_mse={n: torch.cat([p.extrapolation_mse[n] for p in parts], 1) for n in first.extrapolation_mse},
         **{name: cat(name) for name in _PER_SEED},
@@ -216,7 +215,8 @@ class PackedTrainer:
             history = report.history.seeds(rows)
             diverged = report.diverged[rows]
             seeds = per_seed_metrics(history, trainer.thresholds, best[rows], diverged, None,
-                                     trainer.seed_ids[rows], final_sparsity_error=sparsity[rows])
+                                     trainer.seed_ids[rows], final_sparsity_error=sparsity[rows],
+                                     prerequisites=trainer.task.range_prerequisites())
             out.append(MemberEval(
                 index=index, thresholds=trainer.thresholds, aggregate=aggregate(seeds),
                 report=dataclasses.replace(

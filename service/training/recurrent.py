@@ -4,10 +4,11 @@ The same loop, optimiser, divergence masks, re-initialisation, checkpoints and m
 `Trainer`; what differs is the model (a read-out and a recurrent cell unrolled over the
 sequence for all S seeds at once, `service.training.recurrent_model`), the batch (each
 seed's own sequences, from its counter-based data stream), the R_z regulariser on the
-cell's inputs, and evaluation: every test length is read from ONE pass over sequences of
-the longest length, without autograd, in chunks of positions (the state is carried between
-chunks, so a length-1000 evaluation never holds 1000 steps of activations). Image tasks run
-the read-out once per distinct image, not once per position.
+cell's inputs, and evaluation: every test length (the cell on the seed's own read-out) and
+the read-out's accuracy are read from ONE pass over sequences of the longest length,
+without autograd, in chunks of positions (the state is carried between chunks, so a
+length-1000 evaluation never holds 1000 steps of activations). Image tasks run the
+read-out once per distinct image, not once per position.
 
 The training step (read-out, the cell unrolled over the training length, gradient and
 update) compiles like a static task's: the training length is fixed, so it is traced once.
@@ -101,19 +102,25 @@ class RecurrentTrainer(Trainer):
         return x.as_strided((self.num_seeds, *x.shape), (0, *x.stride()))
 
     @torch.no_grad()
-    def sequence_mse(self, data: SequenceSet) -> Tensor:
-        """Per-seed MSE at each scored length ``[S, len(data.lengths)]`` (float64)."""
+    def sequence_mse(self, data: SequenceSet, own_readout: bool = False) -> Tensor:
+        """Per-seed MSE at each scored length ``[S, len(data.lengths)]`` (float64) against
+        the targets; with ``own_readout`` the cell's against the exact running result (in
+        float64) of the values the seed's own read-out produced (the step operands when the
+        model has no read-out), and one more column: the read-out's per-step MSE against the
+        step operands over every position (`service.tasks.sequence`)."""
         was_training = self.model.training
         self.model.eval()
         ctx = ForwardContext(step=self.step_t, noise_keys=self.noise_keys)
         n = data.inputs.shape[0]
         last = max(data.lengths.values())
         columns = {length - 1: j for j, length in enumerate(data.lengths.values())}
-        out = torch.zeros(self.num_seeds, len(columns), dtype=torch.float64, device=self.device)
+        out = torch.zeros(self.num_seeds, len(columns) + own_readout, dtype=torch.float64, device=self.device)
         table_z = None if data.table is None else self.model.read(self._shared(data.table), ctx)
         width = max(self.task.input_size, self.config.model.hidden_size, 2)
         chunk = max(1, _EVAL_ELEMENTS // max(1, self.num_seeds * n * width))
+        has_readout = len(self.model.units) > 1
         state: Any = None
+        running = torch.full((self.num_seeds, n, 1), self.task.start_state, dtype=torch.float64, device=self.device)
         for start in range(0, last, chunk):
             end = min(last, start + chunk)
             if table_z is not None:
@@ -122,17 +129,27 @@ class RecurrentTrainer(Trainer):
                 x = data.features(start, end)
                 z = self.model.read(self._shared(x.reshape(-1, x.shape[-1])), ctx).view(self.num_seeds, n, end - start, -1)
             y, state, _ = self.model.run(z, state, ctx)
+            reference = data.targets[:, start:end].expand(self.num_seeds, n, end - start)
+            if own_readout:
+                operands = data.operands[:, start:end]
+                values = z[..., 0].double() if has_readout else operands.expand_as(reference)
+                out[:, -1] += (values - operands).square().sum((1, 2))
+                reference = (running + values.cumsum(2) if self.task.operation == "sum"
+                             else running * values.cumprod(2))
+                running = reference[:, :, -1:]
             for p in range(start, end):
                 if p in columns:
-                    err = (y[:, :, p - start, 0].double() - data.targets[:, p]).square()
+                    err = (y[:, :, p - start, 0].double() - reference[:, :, p - start]).square()
                     out[:, columns[p]] = err.mean(1)
+        if own_readout:
+            out[:, -1] /= n * last
         self.model.train(was_training)
         return out
 
     def evaluate(self) -> None:
         self._steps.append(self.step)
         self._interp.append(self.sequence_mse(self.sequence_sets["interpolation"])[:, 0])
-        test = self.sequence_mse(self.sequence_sets["test"])
-        for j, name in enumerate(self.extrapolation_names):
+        test = self.sequence_mse(self.sequence_sets["test"], own_readout=True)
+        for j, name in enumerate(self.extrapolation_names):  # the test lengths, then the read-out
             self._extrap[name].append(test[:, j])
         self._track_best(self._interp[-1])

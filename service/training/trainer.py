@@ -28,7 +28,7 @@ from service import native
 from service.config import RunConfig
 from service.pack_structure import check_pack, packable
 from service.scoring.metrics import aggregate, per_seed_metrics
-from service.seeding import generator as rng, seed_generator, stream_keys
+from service.seeding import InitStream, generator as rng, stream_keys
 from service.training.checkpoint import (
     TrainerCheckpoint,
     pack_fingerprint,
@@ -88,7 +88,6 @@ class Trainer(Evaluation, CapturedSteps):
         self.model: BatchedModel = build_model(config, self.num_seeds).to(self.device, self.dtype)
         if packable(config):  # a recurrent model keeps its shared options
             self.model.set_seed_variants(self.settings)
-        self.init_generators = [seed_generator(m, "init", s) for m, s in zip(self.master_seeds, self.seed_ids)]
         self.reinit_counts = [0] * self.num_seeds
         self._reset_positions(list(range(self.num_seeds)))
         self.model.clamp_()
@@ -160,11 +159,11 @@ class Trainer(Evaluation, CapturedSteps):
         return torch.cat([stream_keys(m.master_seed, stream, m.seed_ids) for m in self.settings.members]).to(self.device)
 
     def _reset_positions(self, positions: list[int]) -> None:
-        gens = []
-        for k in range(self.num_seeds):
-            gens.append(self.init_generators[k] if self.reinit_counts[k] == 0 else
-                        seed_generator(self.master_seeds[k], f"reinit/{self.reinit_counts[k]}", self.seed_ids[k]))
-        self.model.reset_parameters(gens, positions)
+        """Re-draw ``positions``, each from its seed's Philox stream "init" or "reinit/<n>"."""
+        streams: list[InitStream | None] = [None] * self.num_seeds
+        for k, n in ((k, self.reinit_counts[k]) for k in positions):
+            streams[k] = InitStream(self.master_seeds[k], f"reinit/{n}" if n else "init", self.seed_ids[k])
+        self.model.reset_parameters(streams, positions)
 
     # -- the step ---------------------------------------------------------------------------
     def _batch(self, step: Tensor) -> tuple[Tensor, Tensor]:
@@ -373,7 +372,8 @@ class Trainer(Evaluation, CapturedSteps):
         final_sparsity = self.model.sparsity_error().detach().cpu().numpy()[rows]
         seed_ids = self.seed_ids[rows]
         seeds = per_seed_metrics(history, self.thresholds, self.best_sparsity_error[rows].cpu().numpy(), diverged,
-                                 diverged_at, seed_ids, final_sparsity_error=final_sparsity)
+                                 diverged_at, seed_ids, final_sparsity_error=final_sparsity,
+                                 prerequisites=self.task.range_prerequisites())
         weights = {k: w[rows].detach().cpu().numpy() for k, w in self.model.weight_matrices().items()}
         state = {k: v[rows] for k, v in self.model.state_dict().items()}
         return RunResult(

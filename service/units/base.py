@@ -14,6 +14,7 @@ from typing import Callable, ClassVar, Iterator, Literal, Sequence
 import torch
 from torch import Tensor, nn
 
+from service.seeding.init_stream import InitStream
 from service.units.init import InitSpec, parse_init
 from service.units.options import UnitOptions
 
@@ -150,7 +151,7 @@ class Unit(nn.Module):
         return nn.Parameter(torch.zeros(self.num_seeds, *shape))
 
     def reset_parameters(
-        self, generators: Sequence[torch.Generator], seeds: Sequence[int] | None = None
+        self, generators: Sequence[InitStream], seeds: Sequence[int] | None = None
     ) -> None:
         """Re-draw the parameters of the batch positions ``seeds`` (default: all), using
         ``generators[k]`` for position k, so every seed has its own init stream."""
@@ -160,15 +161,15 @@ class Unit(nn.Module):
                 with self._seed_view(k):
                     self.init_seed_(k, generators[k])
 
-    def init_seed_(self, k: int, generator: torch.Generator) -> None:
+    def init_seed_(self, k: int, generator: InitStream) -> None:
         """Fill the parameters of batch position ``k`` from ``generator``."""
         raise NotImplementedError
 
     def fill_weight_(
         self,
         w: Tensor,
-        generator: torch.Generator,
-        default: Callable[[Tensor, torch.Generator], object],
+        generator: InitStream,
+        default: Callable[[Tensor, InitStream], object],
     ) -> None:
         """Fill one seed's ``[out, in]`` weight slice: the unit's reference ``default`` when
         ``self.init`` is 'default', else the configured `InitSpec`."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from service.seeding.init_stream import InitStream
 from service.units import elementwise
 from service.units.base import ExactMode, ForwardContext, Unit
 from service.units.linear import linear_forward
@@ -47,10 +48,10 @@ class INALU(Unit):
     def _nac_params(self) -> list[Tensor]:
         return [self.add_w_hat, self.add_m_hat, self.mul_w_hat, self.mul_m_hat]
 
-    def init_seed_(self, k: int, generator: torch.Generator) -> None:
+    def init_seed_(self, k: int, generator: InitStream) -> None:
         r = nac_init_range(self.in_features, self.out_features)
         for p in self._nac_params():
-            self.fill_weight_(p.data[k], generator, lambda w, g: w.uniform_(-r, r, generator=g))
+            self.fill_weight_(p.data[k], generator, lambda w, g: g.uniform_(w, -r, r))
         self.gate.data[k].fill_(self.options.gate_init)
 
     def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:

@@ -17,6 +17,8 @@ from service.frozen import Frozen
 if TYPE_CHECKING:
     import torch
 
+    from service.seeding.init_stream import InitStream
+
 InitName = Literal[
     "default", "kaiming_uniform", "kaiming_normal", "xavier_uniform", "xavier_normal",
     "zeros", "ones", "uniform",
@@ -42,7 +44,7 @@ class InitSpec(Frozen):
     def __str__(self) -> str:
         return f"uniform({self.a}, {self.b})" if self.kind == "uniform" else self.kind
 
-    def fill_(self, w: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def fill_(self, w: torch.Tensor, generator: InitStream) -> torch.Tensor:
         """Fill a 2-d ``[out, in]`` tensor in place (``default`` is the caller's job)."""
         fan_out, fan_in = w.shape[0], w.shape[-1]
         if self.kind == "default":
@@ -52,17 +54,17 @@ class InitSpec(Frozen):
         if self.kind == "ones":
             return w.fill_(1.0)
         if self.kind == "uniform":
-            return w.uniform_(self.a, self.b, generator=generator)
+            return generator.uniform_(w, self.a, self.b)
         if self.kind == "kaiming_uniform":
             bound = math.sqrt(6.0 / fan_in)
-            return w.uniform_(-bound, bound, generator=generator)
+            return generator.uniform_(w, -bound, bound)
         if self.kind == "kaiming_normal":
-            return w.normal_(0.0, math.sqrt(2.0 / fan_in), generator=generator)
+            return generator.normal_(w, 0.0, math.sqrt(2.0 / fan_in))
         if self.kind == "xavier_uniform":
             bound = math.sqrt(6.0 / (fan_in + fan_out))
-            return w.uniform_(-bound, bound, generator=generator)
+            return generator.uniform_(w, -bound, bound)
         if self.kind == "xavier_normal":
-            return w.normal_(0.0, math.sqrt(2.0 / (fan_in + fan_out)), generator=generator)
+            return generator.normal_(w, 0.0, math.sqrt(2.0 / (fan_in + fan_out)))
         raise AssertionError(self.kind)
 
 

@@ -12,15 +12,16 @@ import math
 import torch
 from torch import Tensor
 
+from service.seeding.init_stream import InitStream
 from service.units import kernels
 from service.units.base import ExactMode, ForwardContext, Unit
 from service.units.registry import register
 
 
-def xavier_uniform_(w: Tensor, generator: torch.Generator) -> Tensor:
+def xavier_uniform_(w: Tensor, generator: InitStream) -> Tensor:
     """U[−b, b] with b = √(6 / (fan_in + fan_out)) on one ``[out, in]`` slice."""
     bound = math.sqrt(6.0 / (w.shape[0] + w.shape[-1]))
-    return w.uniform_(-bound, bound, generator=generator)
+    return generator.uniform_(w, -bound, bound)
 
 
 def linear_forward(x: Tensor, w: Tensor) -> Tensor:
@@ -49,7 +50,7 @@ class _LinearBase(Unit):
         super().__init__(*args, **kwargs)
         self.weight = self.seed_parameter(self.out_features, self.in_features)
 
-    def init_seed_(self, k: int, generator: torch.Generator) -> None:
+    def init_seed_(self, k: int, generator: InitStream) -> None:
         self.fill_weight_(self.weight.data[k], generator, xavier_uniform_)
 
     def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:

@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor
 
+from service.seeding.init_stream import InitStream
 from service.units.base import ForwardContext, Unit
 from service.units.options import LSTMOptions
 from service.units.registry import register
@@ -36,12 +37,12 @@ class LSTM(Unit):
         self.w_out = self.seed_parameter(self.out_features, hidden)
         self.b_out = self.seed_parameter(self.out_features)
 
-    def init_seed_(self, k: int, generator: torch.Generator) -> None:
+    def init_seed_(self, k: int, generator: InitStream) -> None:
         bound = 1.0 / math.sqrt(self.options.hidden_size)
         for p in (self.w_ih, self.w_hh, self.w_out):
-            self.fill_weight_(p.data[k], generator, lambda w, g: w.uniform_(-bound, bound, generator=g))
+            self.fill_weight_(p.data[k], generator, lambda w, g: g.uniform_(w, -bound, bound))
         for p in (self.bias, self.b_out):
-            p.data[k].uniform_(-bound, bound, generator=generator)
+            generator.uniform_(p.data[k], -bound, bound)
 
     def initial_state(self, batch: int, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
         zeros = torch.zeros(self.num_seeds, batch, self.options.hidden_size, device=device)

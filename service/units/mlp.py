@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from service.seeding.init_stream import InitStream
 from service.units import elementwise
 from service.units.base import ExactMode, ForwardContext, Unit
 from service.units.linear import linear_forward
@@ -54,12 +55,12 @@ class MLP(Unit):
         if self._activation == "prelu":
             self.prelu_slope = self.seed_parameter(len(self.options.hidden_sizes))
 
-    def init_seed_(self, k: int, generator: torch.Generator) -> None:
+    def init_seed_(self, k: int, generator: InitStream) -> None:
         for w, b in zip(self.weights, self.biases):
             bound = 1.0 / math.sqrt(w.shape[-1])
             self.fill_weight_(
-                w.data[k], generator, lambda t, g: t.uniform_(-bound, bound, generator=g))
-            b.data[k].uniform_(-bound, bound, generator=generator)
+                w.data[k], generator, lambda t, g: g.uniform_(t, -bound, bound))
+            generator.uniform_(b.data[k], -bound, bound)
         if self._activation == "prelu":
             self.prelu_slope.data[k].fill_(PRELU_INIT)
 

@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor
 
+from service.seeding.init_stream import InitStream
 from service.units import elementwise
 from service.units.base import ExactMode, ForwardContext, Unit
 from service.units.linear import linear_forward
@@ -88,10 +89,10 @@ class _NACBase(Unit):
         self.w_hat = self.seed_parameter(self.out_features, self.in_features)
         self.m_hat = self.seed_parameter(self.out_features, self.in_features)
 
-    def init_seed_(self, k: int, generator: torch.Generator) -> None:
+    def init_seed_(self, k: int, generator: InitStream) -> None:
         r = nac_init_range(self.in_features, self.out_features)
         for p in (self.w_hat, self.m_hat):
-            self.fill_weight_(p.data[k], generator, lambda w, g: w.uniform_(-r, r, generator=g))
+            self.fill_weight_(p.data[k], generator, lambda w, g: g.uniform_(w, -r, r))
 
     def effective_weight(self) -> Tensor:
         return nac_weight(self.w_hat, self.m_hat)

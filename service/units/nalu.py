@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from service.seeding import generator as rng
+from service.seeding.init_stream import InitStream
 from service.units import elementwise
 from service.units.base import ExactMode, ForwardContext, Unit
 from service.units.linear import linear_forward, xavier_uniform_
@@ -116,16 +117,16 @@ class NALU(Unit):
             self.gate_bias = self.seed_parameter(self.out_features)
 
     # -- init -------------------------------------------------------------------------
-    def init_seed_(self, k: int, generator: torch.Generator) -> None:
+    def init_seed_(self, k: int, generator: InitStream) -> None:
         r = nac_init_range(self.in_features, self.out_features)
 
-        def nac_init(w: Tensor, g: torch.Generator) -> Tensor:
-            return w.uniform_(-r, r, generator=g)
+        def nac_init(w: Tensor, g: InitStream) -> Tensor:
+            return g.uniform_(w, -r, r)
 
         if self._nau:
             r_nau = nau_init_range(self.in_features, self.out_features)
             self.fill_weight_(self.nau_weight.data[k], generator,
-                              lambda w, g: w.uniform_(-r_nau, r_nau, generator=g))
+                              lambda w, g: g.uniform_(w, -r_nau, r_nau))
         nac = [] if self._nau else [self.add_w_hat, self.add_m_hat]
         if not self._shared and not self._nmu:
             nac += [self.mul_w_hat, self.mul_m_hat]

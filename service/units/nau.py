@@ -14,6 +14,7 @@ import math
 import torch
 from torch import Tensor
 
+from service.seeding.init_stream import InitStream
 from service.units.base import ExactMode, ForwardContext, Unit, mean_distance_to_bounds
 from service.units.linear import linear_forward
 from service.units.registry import register
@@ -44,10 +45,10 @@ class NAU(Unit):
         super().__init__(*args, **kwargs)
         self.weight = self.seed_parameter(self.out_features, self.in_features)
 
-    def init_seed_(self, k: int, generator: torch.Generator) -> None:
+    def init_seed_(self, k: int, generator: InitStream) -> None:
         r = nau_init_range(self.in_features, self.out_features)
         self.fill_weight_(
-            self.weight.data[k], generator, lambda w, g: w.uniform_(-r, r, generator=g)
+            self.weight.data[k], generator, lambda w, g: g.uniform_(w, -r, r)
         )
 
     def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from service.seeding.init_stream import InitStream
 from service.units import kernels
 from service.units.base import ExactMode, ForwardContext, Unit, mean_distance_to_bounds
 from service.units.registry import register
@@ -69,8 +70,8 @@ def nmu_oob_penalty(w: Tensor) -> Tensor:
     return (torch.relu(-w) + torch.relu(w - 1)).flatten(1).mean(1)
 
 
-def nmu_init_(w: Tensor, generator: torch.Generator) -> Tensor:
-    return w.uniform_(NMU_INIT_LOW, NMU_INIT_HIGH, generator=generator)
+def nmu_init_(w: Tensor, generator: InitStream) -> Tensor:
+    return generator.uniform_(w, NMU_INIT_LOW, NMU_INIT_HIGH)
 
 
 def check_selection_weights(weights: Tensor) -> None:
@@ -89,7 +90,7 @@ class NMU(Unit):
         super().__init__(*args, **kwargs)
         self.weight = self.seed_parameter(self.out_features, self.in_features)
 
-    def init_seed_(self, k: int, generator: torch.Generator) -> None:
+    def init_seed_(self, k: int, generator: InitStream) -> None:
         self.fill_weight_(self.weight.data[k], generator, nmu_init_)
 
     def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:

@@ -17,6 +17,7 @@ import math
 import torch
 from torch import Tensor
 
+from service.seeding.init_stream import InitStream
 from service.units.base import ExactMode, ForwardContext, Unit
 from service.units.linear import linear_forward, xavier_uniform_
 from service.units.options import NPUOptions
@@ -37,7 +38,7 @@ class _NPUBase(Unit):
             self.w_im = self.seed_parameter(self.out_features, self.in_features)
         self.gate = self.seed_parameter(self.in_features)
 
-    def init_seed_(self, k: int, generator: torch.Generator) -> None:
+    def init_seed_(self, k: int, generator: InitStream) -> None:
         self.fill_weight_(self.w_re.data[k], generator, xavier_uniform_)
         if self.imaginary:
             self.w_im.data[k].zero_()

@@ -23,9 +23,10 @@ def test_run_sequential_digits_prints_a_per_length_table(tmp_path, operation):
     assert result.exit_code == 0, result.output
     assert "per test length" in result.output and "longest length solved" in result.output
     data = json.loads(out.read_text())
-    assert set(data["thresholds"]) == {"length_1", "length_2", "length_12"}
+    assert set(data["thresholds"]) == {"length_1", "length_2", "length_12", "readout"}
     assert "prod" in result.output if operation == "prod" else "sum" in result.output
-    assert set(data["seeds"][0]["success_per_range"]) == {"length_1", "length_2", "length_12"}
+    assert set(data["seeds"][0]["success_per_range"]) == {"length_1", "length_2", "length_12", "readout"}
+    assert "read-out (per-step MSE)" in result.output
     assert data["sequence"]["test_lengths"] == [1, 2, 12] and len(data["sequence"]["longest_length_solved"]) == 2
 
 

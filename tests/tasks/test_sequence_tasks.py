@@ -41,8 +41,8 @@ def test_products_accumulate_from_one_and_defaults_follow_the_operation():
 def test_thresholds_grow_with_length_and_every_length_has_one():
     task = parse_task({"kind": "sequence_arithmetic", "eval_samples": 100})
     thr = task.success_thresholds()
-    assert list(thr) == ["length_1", "length_10", "length_100", "length_1000"]
-    values = list(thr.values())
+    assert list(thr) == ["length_1", "length_10", "length_100", "length_1000", "readout"]
+    values = [thr[f"length_{n}"] for n in task.test_lengths]
     assert all(0 < a < b for a, b in zip(values, values[1:]))
 
 
@@ -120,7 +120,7 @@ def test_mnist_idx_files_from_data_dir_train_end_to_end(tmp_path):
     config = RunConfig.model_validate({"task": task, "seeds": 2, "device": "cpu",
                                        "train": {"steps": 4, "eval_every": 2, "batch_size": 4}})
     result = Trainer(config).run()
-    assert list(result.thresholds) == ["length_1", "length_5"]
+    assert list(result.thresholds) == ["length_1", "length_5", "readout"]
     assert result.history.interpolation_mse.shape == (3, 2)
 
 
@@ -134,4 +134,4 @@ def test_a_broken_idx_file_is_a_clear_error(tmp_path):
 
 def test_sequence_tasks_are_registered_kinds():
     assert isinstance(parse_task({"kind": "sequence_arithmetic"}), SequenceArithmeticTask)
-    assert parse_task({"kind": "sequence_arithmetic"}).extrapolation_names()[-1] == "length_1000"
+    assert parse_task({"kind": "sequence_arithmetic"}).extrapolation_names()[-2:] == ["length_1000", "readout"]

@@ -30,7 +30,7 @@ def _config(task: dict, layers=None, **train) -> RunConfig:
 def _scores(trainer: Trainer) -> dict[str, bool]:
     trainer.evaluate()
     seeds = per_seed_metrics(trainer.history(), trainer.thresholds, np.zeros(trainer.num_seeds),
-                             np.zeros(trainer.num_seeds, bool))
+                             np.zeros(trainer.num_seeds, bool), prerequisites=trainer.task.range_prerequisites())
     return {n: all(s.success_per_range[n] for s in seeds) for n in trainer.extrapolation_names}
 
 
@@ -43,7 +43,7 @@ def _load_exact(trainer: Trainer, cell_weights, mode: str) -> None:
 def test_a_recurrent_task_gets_the_recurrent_trainer():
     trainer = Trainer(_config(SUM))
     assert isinstance(trainer, RecurrentTrainer) and not trainer.compiled
-    assert trainer.extrapolation_names == ["length_1", "length_10", "length_100", "length_1000"]
+    assert trainer.extrapolation_names == ["length_1", "length_10", "length_100", "length_1000", "readout"]
 
 
 def test_an_exact_nau_cell_extrapolates_to_length_1000_and_a_nearly_exact_one_does_not():

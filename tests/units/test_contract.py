@@ -8,6 +8,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from service.seeding import InitStream
 from service.units import (
     ForwardContext,
     UnknownUnitError,
@@ -66,8 +67,8 @@ UNSUPPORTED_EXACT = {
 EXACT_W = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
 
 
-def generators(seeds: list[int]) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(1000 + s) for s in seeds]
+def generators(seeds: list[int]) -> list[InitStream]:
+    return [InitStream(0, "init", 1000 + s) for s in seeds]
 
 
 def context(seeds: list[int], step: int = 7) -> ForwardContext:
@@ -272,3 +273,24 @@ def test_unknown_unit_lists_valid_names() -> None:
 def test_bad_options_are_validation_errors(name: str, options: dict) -> None:
     with pytest.raises(ValidationError):
         build_unit(name, 2, 1, 1, options)
+
+
+@pytest.mark.parametrize("name, options, attr, low, high", [
+    ("nmu", {}, "weight", 0.0, 1.0),
+    ("nau", {}, "weight", -1.0, 1.0),
+    ("nalu", {"add_unit": "nau", "mul_unit": "nmu"}, "mul_weight", 0.0, 1.0),
+    ("nalu", {"add_unit": "nau", "mul_unit": "nmu"}, "nau_weight", -1.0, 1.0),
+    ("npu", {}, "gate", 0.0, 1.0),
+])
+def test_clamp_is_the_projection_onto_the_papers_bounds(name, options, attr, low, high) -> None:
+    """``clamp_`` maps every weight to the nearest point of its box (NMU [0, 1], NAU
+    [−1, 1]): weights inside stay, weights outside land exactly on a bound. A bound set
+    tighter (e.g. NMU [0, 0.9]) or looser fails here, not only in slow training tests."""
+    unit = make(name, options)
+    w = getattr(unit, attr)
+    with torch.no_grad():
+        w.copy_(torch.linspace(-3.0, 3.0, w.numel()).view_as(w))
+    before = w.detach().clone()
+    assert ((before > low) & (before < high)).any() and (before < low).any() and (before > high).any()
+    unit.clamp_()
+    assert torch.equal(w.detach(), before.clamp(low, high))

@@ -11,6 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from service.config import RunConfig
+from service.seeding import InitStream
 from service.training.model import build_model
 from service.training import Trainer, train
 from service.units import build_unit
@@ -24,7 +25,7 @@ GATED = {"add_unit": "nau", "mul_unit": "nmu"}
 
 def gated(options: dict | None = None, seeds: int = SEEDS) -> NALU:
     unit = build_unit("nalu", IN, OUT, seeds, {**GATED, **(options or {})})
-    unit.reset_parameters([torch.Generator().manual_seed(100 + k) for k in range(seeds)])
+    unit.reset_parameters([InitStream(0, "init", 100 + k) for k in range(seeds)])
     return unit  # type: ignore[return-value]
 
 
@@ -104,7 +105,7 @@ def test_model_regulariser_sums_both_paths_of_every_layer() -> None:
         "model": {"layers": [{"unit": "nalu", "options": GATED}] * 2},
     })
     model = build_model(cfg)
-    model.reset_parameters([torch.Generator().manual_seed(k) for k in range(2)])
+    model.reset_parameters([InitStream(0, "init", k) for k in range(2)])
     per_path = sum(nau_regularizer(u.nau_weight) + nmu_regularizer(u.mul_weight)
                    for u in model.units)
     torch.testing.assert_close(model.regularizer(), per_path)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from service.seeding import InitStream
 from service.units import build_unit, kernels
 from service.units.base import mean_distance_to_bounds
 from service.units.linear import linear_forward
@@ -85,7 +86,7 @@ def test_two_input_nmu_gradcheck():
 
 def test_nmu_unit_with_two_inputs_keeps_seeds_apart():
     unit = build_unit("nmu", 2, 1, 3)
-    unit.reset_parameters([torch.Generator().manual_seed(s) for s in range(3)])
+    unit.reset_parameters([InitStream(0, "init", s) for s in range(3)])
     x = torch.rand(3, 8, 2) + 1
     z = unit(x)
     z[1].sum().backward()

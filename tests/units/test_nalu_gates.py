@@ -7,13 +7,14 @@ import math
 import pytest
 import torch
 
+from service.seeding import InitStream
 from service.units import ForwardContext, build_unit, unit_names
 from service.units.nalu import NALU
 
 
 def nalu(options: dict, seeds: tuple[int, ...] = (0, 1)) -> NALU:
     unit = build_unit("nalu", 3, 2, len(seeds), options)
-    unit.reset_parameters([torch.Generator().manual_seed(s) for s in seeds])
+    unit.reset_parameters([InitStream(0, "init", s) for s in seeds])
     return unit  # type: ignore[return-value]
 
 
@@ -90,7 +91,7 @@ def test_step_traces_as_one_graph_for_every_step(name: str, options: dict) -> No
     assert name in unit_names()
     torch._dynamo.reset()
     unit = build_unit(name, 3, 2, 2, options)
-    unit.reset_parameters([torch.Generator().manual_seed(s) for s in (0, 1)])
+    unit.reset_parameters([InitStream(0, "init", s) for s in (0, 1)])
     frames = []
 
     def backend(gm, example_inputs):

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from service.seeding import InitStream
 from service.units import build_unit
 from service.units.base import Unit
 from service.units.nac import nac_init_range, nac_weight, nac_weight_variance
@@ -103,7 +104,7 @@ def test_nac_init_range_solves_the_variance_equation() -> None:
 
 def test_nac_default_init_has_the_reference_variance() -> None:
     unit = build_unit("nac_add", 60, 40, 2)
-    unit.reset_parameters([torch.Generator().manual_seed(s) for s in (1, 2)])
+    unit.reset_parameters([InitStream(0, "init", s) for s in (1, 2)])
     r = nac_init_range(60, 40)
     assert unit.w_hat.abs().max() <= r and unit.m_hat.abs().max() <= r
     w = nac_weight(unit.w_hat, unit.m_hat).detach()
@@ -113,7 +114,7 @@ def test_nac_default_init_has_the_reference_variance() -> None:
 def test_nau_and_nmu_default_inits() -> None:
     assert nau_init_range(2, 1) == 0.5
     assert nau_init_range(100, 2) == pytest.approx(math.sqrt(3) * math.sqrt(2 / 102))
-    gens = [torch.Generator().manual_seed(0)]
+    gens = [InitStream(0, "init", 0)]
     nau = build_unit("nau", 100, 2, 1)
     nau.reset_parameters(gens)
     assert nau.weight.abs().max() <= nau_init_range(100, 2)
@@ -141,7 +142,7 @@ def test_log_transforms_and_product_sign() -> None:
 )
 def test_mlp_activations(activation: str) -> None:
     unit = build_unit("mlp", 1, 1, 2, {"activation": activation, "hidden_sizes": [8, 8]})
-    unit.reset_parameters([torch.Generator().manual_seed(s) for s in (0, 1)])
+    unit.reset_parameters([InitStream(0, "init", s) for s in (0, 1)])
     x = torch.linspace(-5, 5, 11).view(1, 11, 1).expand(2, 11, 1)
     z = unit(x)
     assert z.shape == (2, 11, 1) and torch.isfinite(z).all()
