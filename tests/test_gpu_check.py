@@ -147,7 +147,9 @@ def test_pytest_parts_count_passed_failed_and_skipped(tmp_path):
     assert record["status"] == "failed"
     figures = record["figures"]
     assert (figures["passed"], figures["failed"], figures["errors"], figures["skipped"]) == (1, 1, 0, 1)
-    assert figures["failures"] == ["test_sample::test_bad"]
+    # junit names a test by its module's dotted path from pytest's rootdir, which for a file
+    # outside the repository depends on where the two lie
+    assert len(figures["failures"]) == 1 and figures["failures"][0].endswith("test_sample::test_bad")
     assert "no GPU here" in figures["skips"][0]
 
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 KUBERAY = ROOT / "deploy" / "kuberay"
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
-SECRET = "nalu-sweep"  # made from compose's .env: kubectl create secret generic nalu-sweep --from-env-file=.env
+SECRET_NAME = "nalu-sweep"  # made from compose's .env: kubectl create secret generic nalu-sweep --from-env-file=.env
 CLUSTER_SPEC_REF = {"$ref": "raycluster.v1.json#/properties/spec"}
 
 
@@ -116,7 +116,7 @@ def resolved_env(container: dict) -> dict[str, str]:
     for var in container.get("env", []):
         if "valueFrom" in var:
             ref = var["valueFrom"]["secretKeyRef"]
-            assert ref["name"] == SECRET, var
+            assert ref["name"] == SECRET_NAME, var
             assert ref["key"] in example, f"{var['name']}: {ref['key']} is not a key of .env.example"
             out[var["name"]] = example[ref["key"]]
         else:

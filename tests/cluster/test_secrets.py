@@ -16,8 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # values that are clearly not secrets: placeholders, and the fakes the tests use
 PLACEHOLDERS = {"", "***", "change-me", "pass", "password", "pw", "s3cret", "secret", "topsecret", "token"}
-# a password given by reference: $VAR, ${VAR…}, an f-string field {…}, <placeholder>
-REFERENCE = re.compile(r"\$\{?[A-Za-z_]\w*|\{[^}]*\}|<[^>]*>")
+# a password given by reference: $VAR, ${VAR…}, Kubernetes' $(VAR), an f-string field {…}, <placeholder>
+REFERENCE = re.compile(r"\$\{?[A-Za-z_]\w*|\$\([A-Za-z_]\w*\)|\{[^}]*\}|<[^>]*>")
 URI_PASSWORD = re.compile(r"[a-z][a-z0-9+.-]*://[^\s/@:'\"]+:([^\s/@'\"]*)@")
 ASSIGNMENT = re.compile(
     r"""(?ix)\b[\w.-]*(password|passwd|secret|token|api_key|secret_key)\b\s*[:=]\s*
@@ -73,7 +73,7 @@ def test_the_scanner_finds_secrets():
     for fine in ("postgresql+psycopg://nalu:${POSTGRES_PASSWORD:?set it}@postgres:5432/optuna",
                  'f"postgresql+psycopg://{DB_USER}:{self.pg_password}@127.0.0.1:{port}/{db}"',
                  "POSTGRES_PASSWORD=change-me", "postgresql://user:***@host/db",
-                 "password = os.environ['PW']", "token: str = ''", "http://127.0.0.1:5000/health"):
+                 "password = os.environ['PW']", "postgresql://$(POSTGRES_USER):$(POSTGRES_PASSWORD)@postgres:5432/db", "token: str = ''", "http://127.0.0.1:5000/health"):
         assert not findings(fine), fine
 
 
