@@ -213,7 +213,10 @@ def test_a_recurrent_nau_learns_the_running_sum_and_extrapolates_to_length_1000(
                   "regularizer": {"shape": "linear", "lambda_max": 1.0, "t_start": 500, "t_end": 1500}},
     })
     result = Trainer(config).run()
-    assert result.aggregate.successes >= 5  # 7 of 8 when measured
+    # 3 of 8 since a length counts only with an accurate read-out (docs/metrics-sequence.md):
+    # 5 seeds miss the read-out's bound, although the median length-1000 MSE is 2e-6 (7 of 8
+    # succeeded under the end-to-end metric; whether that bound is too strict is open)
+    assert result.aggregate.successes >= 3
     assert result.aggregate.success_rate_per_range["length_1000"] == result.aggregate.success_rate
 
 

@@ -250,11 +250,15 @@ def test_trajectory_matches_the_reference(unit: str) -> None:
 @pytest.mark.parametrize("unit", list(CHAOTIC))
 def test_chaotic_trajectory_stays_as_close_as_a_1e_15_nudge(unit: str) -> None:
     task, units, schedule = CHAOTIC[unit]
-    steps, exact = 1000, 200
+    steps = 1000
     initial, batches, ours = train_batched(task, units, steps, schedule)
     theirs = reference_run(units, initial, batches, schedule)
     control = reference_run(units, initial, batches, schedule, scale=1 + 1e-15)
     d, c = distances(ours, theirs), distances(control, theirs)
+    # exact while a 1e-15 nudge has not moved the reference by 1e-9 (how long that lasts depends
+    # on the seed's initial weights: 67 steps for NALU's draw from the Philox init streams)
+    exact = int((c > 1e-9).nonzero()[0]) if bool((c > 1e-9).any()) else steps
+    assert exact >= 20, f"{unit}: the control parts at step {exact}: no exact phase to check"
     assert float(d[:exact].max()) <= 1e-9, f"{unit}: parts from the reference at step {int(d.argmax())}"
     # running maxima: at every step the trainer is no farther from the reference than
     # (10×) the control has drifted by then
