@@ -29,3 +29,20 @@ def lane_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     pairs = acc[..., 0::2] + acc[..., 1::2]  # (l0 + l1), (l2 + l3), (l4 + l5), (l6 + l7)
     quads = pairs[..., 0::2] + pairs[..., 1::2]
     return quads[..., 0] + quads[..., 1]
+
+
+def tree_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Sum of ``x`` over ``dim`` (removed) by pairwise additions of halves, in elementwise
+    ops only: ``x[:h] + x[h:2h]`` (an odd element carried to the next level), log₂ n levels.
+    The order depends on the dimension's length alone, never on the other dimensions: a
+    GPU's reduction kernels split a row by how many rows there are (seeds, for a metric),
+    so a seed's sum could change with its batch mates."""
+    x = x.movedim(dim, -1)
+    while x.shape[-1] > 1:
+        n = x.shape[-1]
+        half = n // 2
+        paired = x[..., :half] + x[..., half:2 * half]
+        x = torch.cat([paired, x[..., 2 * half:]], -1) if n % 2 else paired
+    if x.shape[-1] == 0:
+        return x.sum(-1)
+    return x[..., 0]

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from service.native.ordered import tree_sum
 from service.scoring.metrics import EvalHistory
 from service.units.base import ForwardContext
 
@@ -70,7 +71,9 @@ class Evaluation:
                 xb = xb.as_strided((s1 - s0, *xb.shape), (0, *xb.stride()))
                 z = self.model(xb, ctx) if group >= S else torch.func.functional_call(self.model, sliced, (xb, ctx))
                 err = (z - y[i:i + EVAL_CHUNK]).double().square()
-                total[s0:s1] += err.flatten(1).sum(1)
+                # a CPU sums a row of a tile in one order whatever the rows; a GPU's kernel
+                # splits it by the number of rows (the group's seeds): `tree_sum` there
+                total[s0:s1] += err.flatten(1).sum(1) if err.is_cpu else tree_sum(err.flatten(1))
         self.model.train(was_training)
         return total / (n * y.shape[1])
 

@@ -25,13 +25,17 @@ import torch
 from torch import Tensor
 
 from service.config import RunConfig
+from service.native.ordered import tree_sum
 from service.tasks import SequenceSet, SequenceTask
 from service.training.device import compile_pays_off
 from service.training.trainer import Trainer
 from service.units.base import ForwardContext
 from service.units.schedule import RegularizerSchedule
 
-_EVAL_ELEMENTS = 1 << 22  # per evaluation chunk: seeds × sequences × positions × width
+# per evaluation chunk and seed: sequences × positions × width. The chunk's positions never
+# depend on the seed count (a product's rounding can depend on its row count), and the
+# metrics are summed by `tree_sum`, in an order fixed by the sequences and positions alone.
+_EVAL_ELEMENTS_PER_SEED = 1 << 16
 PAPER_STEPS = 5_000_000
 """The reference schedules are for 5e6-step runs; a shorter run without an explicit
 schedule gets the same fractions of its own length."""
@@ -117,7 +121,7 @@ class RecurrentTrainer(Trainer):
         out = torch.zeros(self.num_seeds, len(columns) + own_readout, dtype=torch.float64, device=self.device)
         table_z = None if data.table is None else self.model.read(self._shared(data.table), ctx)
         width = max(self.task.input_size, self.config.model.hidden_size, 2)
-        chunk = max(1, _EVAL_ELEMENTS // max(1, self.num_seeds * n * width))
+        chunk = max(1, _EVAL_ELEMENTS_PER_SEED // max(1, n * width))  # never from S
         has_readout = len(self.model.units) > 1
         state: Any = None
         running = torch.full((self.num_seeds, n, 1), self.task.start_state, dtype=torch.float64, device=self.device)
@@ -133,14 +137,14 @@ class RecurrentTrainer(Trainer):
             if own_readout:
                 operands = data.operands[:, start:end]
                 values = z[..., 0].double() if has_readout else operands.expand_as(reference)
-                out[:, -1] += (values - operands).square().sum((1, 2))
+                out[:, -1] += tree_sum((values - operands).square().flatten(1))
                 reference = (running + values.cumsum(2) if self.task.operation == "sum"
                              else running * values.cumprod(2))
                 running = reference[:, :, -1:]
             for p in range(start, end):
                 if p in columns:
                     err = (y[:, :, p - start, 0].double() - reference[:, :, p - start]).square()
-                    out[:, columns[p]] = err.mean(1)
+                    out[:, columns[p]] = tree_sum(err) / err.shape[1]
         if own_readout:
             out[:, -1] /= n * last
         self.model.train(was_training)

@@ -31,6 +31,7 @@ a compiler continues the same trajectory. Orders (the C file says the same):
 from __future__ import annotations
 
 import ctypes
+import importlib
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +40,10 @@ from torch.autograd.function import once_differentiable
 
 from service import native
 from service.native.ordered import lane_sum
+
+# the GPU's products (`service.units.seed_matmul`): imported where CUDA is, so the custom
+# operator is registered before any step is compiled, and a CPU install needs no Triton
+seed_matmul = importlib.import_module("service.units.seed_matmul") if torch.cuda.is_available() else None
 
 MAX_OUT = 4
 """Widest ``out`` the kernel takes: it passes over the rows once per pair of outputs, so from
@@ -197,10 +202,67 @@ def usable(x: Tensor, w: Tensor) -> bool:
     )
 
 
+def seed_products(a: Tensor, b: Tensor) -> Tensor:
+    """``a [S, M, K] @ b [S, K, N]``, a seed's numbers whatever its batch mates: on a GPU in
+    float32 by `seed_matmul.seed_mm`, else ``torch.bmm``, whose products are the same for
+    every batch of two seeds or more but not for one (on a CPU, ``[1, 10, 16] @ [1, 16,
+    40]`` parted in the last bit from the same seed among others: an LSTM's ``w_hh``
+    gradient), so one seed is computed as a batch of two and the copy dropped."""
+    if seed_matmul is not None and seed_matmul.use_on(a, b):
+        return torch.ops.nalu_sweep.seed_mm(a, b)
+    if a.shape[0] == 1:
+        return torch.bmm(a.expand(2, -1, -1), b.expand(2, -1, -1))[:1]
+    return torch.bmm(a, b)
+
+
+def row_sum(g: Tensor) -> Tensor:
+    """``g [S, B, O]`` summed over its rows -> ``[S, O]``, each seed from its own rows in an
+    order fixed by ``B`` alone: sequential from 0.0 on a CPU (the linear kernel's weight
+    gradient against ones), by `seed_matmul.seed_mm` on a GPU. A plain ``g.sum(1)`` is
+    what autograd does for a bias broadcast over the rows, and compiled, its reduction
+    order followed the seed count (a one-seed MLP's bias parted from the same seed among 16
+    by 7e-9 after 60 steps)."""
+    if g.dtype != torch.float32:
+        return g.sum(1)
+    ones = g.new_ones(g.shape[0], g.shape[1], 1)
+    if seed_matmul is not None and seed_matmul.use_on(g):
+        return torch.ops.nalu_sweep.seed_mm(g.transpose(1, 2), ones)[..., 0]
+    if g.device.type != "cpu":
+        return g.sum(1)
+    if not native_available():
+        return _dw_torch(g, ones)[..., 0]
+    if torch.compiler.is_compiling():
+        return torch.ops.nalu_sweep.linear_dw(g, ones)[..., 0]
+    return _dw_native(g, ones)[..., 0]
+
+
+class _RowBias(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, h: Tensor, b: Tensor) -> Tensor:
+        return h + b.unsqueeze(1)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor) -> tuple[Tensor, Tensor]:
+        return g, row_sum(g)
+
+
+def add_bias(h: Tensor, b: Tensor) -> Tensor:
+    """``h [S, B, O] + b [S, O]`` (one bias per seed, broadcast over the rows), whose bias
+    gradient is `row_sum`'s."""
+    return _RowBias.apply(h, b)
+
+
 def linear(x: Tensor, w: Tensor) -> Tensor:
-    """``x [S, B, in]``, ``w [S, out, in]`` -> ``[S, B, out]``, by `_Linear` where `usable`."""
+    """``x [S, B, in]``, ``w [S, out, in]`` -> ``[S, B, out]``, by `_Linear` where `usable`,
+    by `seed_products` on a GPU."""
     if usable(x, w):
         return _Linear.apply(x, w)
+    if x.dim() == 3 and w.dim() == 3:
+        if seed_matmul is not None and seed_matmul.use_on(x, w):
+            return torch.ops.nalu_sweep.seed_mm(x, w.transpose(1, 2))
+        if x.shape[0] == w.shape[0]:
+            return seed_products(w, x.transpose(1, 2)).transpose(1, 2)
     return torch.matmul(w, x.transpose(-1, -2)).transpose(-1, -2)
 
 

@@ -1,5 +1,7 @@
 """LSTM baseline cell (Hochreiter & Schmidhuber 1997), seed-batched: every seed has its
-own weights ``[S, ...]`` and the gates of all seeds are one batched matmul per step.
+own weights ``[S, ...]`` and the gates of all seeds are one batched matmul per step
+(`service.units.kernels.seed_products`: on a GPU a seed's products whatever its batch mates;
+`add_bias`: a bias gradient summed over the rows in a fixed order).
 
 ``i, f, g, o = split(W_ih z_t + W_hh h_{t−1} + b)``; ``c_t = σ(f) c_{t−1} + σ(i) tanh(g)``;
 ``h_t = σ(o) tanh(c_t)``; output ``y_t = W_out h_t + b_out``. Init as torch's ``nn.LSTM``
@@ -16,6 +18,7 @@ from torch import Tensor
 
 from service.seeding.init_stream import InitStream
 from service.units.base import ForwardContext, Unit
+from service.units.kernels import add_bias, seed_products
 from service.units.options import LSTMOptions
 from service.units.registry import register
 
@@ -51,16 +54,16 @@ class LSTM(Unit):
     def prepare(self, z: Tensor) -> Tensor:
         """The input part of the gates for every step at once: ``[S, B, L, 4H]``."""
         s, b, length, k = z.shape
-        pre = torch.baddbmm(self.bias.unsqueeze(1), z.reshape(s, b * length, k), self.w_ih.transpose(1, 2))
+        pre = add_bias(seed_products(z.reshape(s, b * length, k), self.w_ih.transpose(1, 2)), self.bias)
         return pre.view(s, b, length, -1)
 
     def step(self, pre: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, tuple[Tensor, Tensor]]:
         h, c = state
-        gates = torch.baddbmm(pre, h, self.w_hh.transpose(1, 2))
+        gates = pre + seed_products(h, self.w_hh.transpose(1, 2))
         i, f, g, o = gates.chunk(4, -1)
         c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
         h = torch.sigmoid(o) * torch.tanh(c)
-        y = torch.baddbmm(self.b_out.unsqueeze(1), h, self.w_out.transpose(1, 2))
+        y = add_bias(seed_products(h, self.w_out.transpose(1, 2)), self.b_out)
         return y, (h, c)
 
     def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:

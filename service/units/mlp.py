@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from service.seeding.init_stream import InitStream
 from service.units import elementwise
 from service.units.base import ExactMode, ForwardContext, Unit
+from service.units.kernels import add_bias
 from service.units.linear import linear_forward
 from service.units.options import MLPOptions
 from service.units.registry import register
@@ -77,7 +78,7 @@ class MLP(Unit):
             # not baddbmm: for one output column it takes a gemv-like path for one seed and
             # another for many, so a seed's numbers depended on S (linear_forward's native
             # kernel computes every seed from its own data alone)
-            h = linear_forward(h, w) + b.unsqueeze(1)
+            h = add_bias(linear_forward(h, w), b)  # its gradient summed in a fixed order
             if layer < last:
                 h = self._act(h, layer)
         return h
