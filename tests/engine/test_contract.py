@@ -7,6 +7,14 @@ differential test does. NAC• is chaotic at lr 1e-2 (its ``exp`` amplifies an u
 different trajectory within a few hundred steps): it must stay as close to the torch path
 as the torch path itself from initial weights nudged by one float32 ulp (the smallest
 nudge float32 has; the float64 differential test's is 1e-15).
+
+NAU → NAU on this addition task is held to the same rule, not to 1e-5: the torch path
+itself, nudged by one ulp, is 8.5e-4 from its own trajectory after 1,000 steps (1.8e-7 after
+500, 2.1e-5 after 2,000; measured on the CPU, `docs/engine.md`). While the regulariser
+drives the weights to 0 and 1 the gradients shrink to the size of their rounding, and Adam
+divides them by their own running magnitude, so any change in the order of additions moves
+the weights by up to the learning rate for a while. NMU and NAC+ do not amplify an ulp
+(their controls stay under 1e-6 over 2,000 steps) and are held to 1e-5.
 """
 
 import pytest
@@ -65,7 +73,7 @@ def test_a_seed_trains_the_same_alone_among_others_and_in_a_pack(device: str) ->
     assert not torch.equal(params(among)[0][0], params(among)[0][1])  # seeds differ
 
 
-@pytest.mark.parametrize("model", ["nau", "nmu", "nac_add"])
+@pytest.mark.parametrize("model", ["nmu", "nac_add"])
 def test_trains_the_torch_paths_trajectory(model: str, device: str, steps: int) -> None:
     cfg = config(model, device)
     torch_path, engine = Trainer(cfg), engine_trainer(cfg)
@@ -80,8 +88,9 @@ def test_trains_the_torch_paths_trajectory(model: str, device: str, steps: int) 
     assert distance(params(torch_path), start) > 1e-3  # the weights did move
 
 
-def test_nac_mul_stays_as_close_as_a_one_ulp_nudge(device: str, steps: int) -> None:
-    cfg = config("nac_mul", device)
+@pytest.mark.parametrize("model", ["nac_mul", "nau"])
+def test_stays_as_close_as_a_one_ulp_nudge(model: str, device: str, steps: int) -> None:
+    cfg = config(model, device)
     torch_path, nudged, engine = Trainer(cfg), Trainer(cfg), engine_trainer(cfg)
     with torch.no_grad():
         for p in nudged.model.parameters():
@@ -95,7 +104,7 @@ def test_nac_mul_stays_as_close_as_a_one_ulp_nudge(device: str, steps: int) -> N
         worst_engine = max(worst_engine, distance(params(engine), reference))
         worst_control = max(worst_control, distance(params(nudged), reference))
         assert worst_engine <= max(10 * worst_control, 1e-5), (
-            f"engine {worst_engine:.3g} from the torch path, the nudged control {worst_control:.3g}")
+            f"{model}: engine {worst_engine:.3g} from the torch path, the nudged control {worst_control:.3g}")
 
 
 def test_a_run_on_the_engine_reports_what_the_torch_path_does(device: str, steps: int) -> None:
