@@ -295,10 +295,13 @@ def throughput_figures(out: str, scratch: Path) -> dict:
 def sweep_trainer(settings: Settings, scratch: Path) -> list[str] | str:
     if not (ROOT / "benchmarks/sweep_throughput.py").is_file():
         return "absent (benchmarks/sweep_throughput.py)"
-    # the configuration (evaluation every 2,000 steps, the script's default), 8 trials
-    seeds, steps, packs = ("4", "300", "2") if settings.quick else ("16", "20000", "8")
+    # the configuration (evaluation every 2,000 steps, the script's default): 32 trials
+    # packed 8 at a time against one after another, on the device engine as a GPU sweep trains
+    seeds, steps, packs, trials = ("4", "300", "2", "4") if settings.quick else ("16", "20000", "8", "32")
+    engine = ["--engine"] if script_has("benchmarks/sweep_throughput.py", "--engine") else []
     return [settings.python, "benchmarks/sweep_throughput.py", "--level", "trainer", "--device", settings.device,
-            "--seeds", seeds, "--steps", steps, "--packs", packs, "--json", str(scratch / "rows.json")]
+            "--seeds", seeds, "--steps", steps, "--packs", packs, "--trials", trials, *engine,
+            "--json", str(scratch / "rows.json")]
 
 
 def json_rows(out: str, scratch: Path) -> dict:
@@ -448,20 +451,21 @@ def engine_figures(out: str, scratch: Path) -> dict:
 # In priority order: when the budget runs short, the last ones are skipped.
 PARTS: list[Part] = [
     Part("cuda_tests", "the CUDA tests (tests/training/test_cuda.py, tests/sweep/test_gpu_sweep.py, "
-         "tests/**/test_cuda*.py)", 240, cuda_tests, junit),
+         "tests/**/test_cuda*.py)", 330, cuda_tests, junit),
     Part("capture", "the CUDA-graph capture stress test (tests/training/test_cuda_capture.py)", 80,
          capture_tests, junit),
     Part("throughput", "benchmarks/throughput.py at S = 100, 1,000, 10,000 (set-up included)", 110,
          throughput, throughput_figures),
-    Part("sweep_trainer", "benchmarks/sweep_throughput.py --level trainer: 8 trials × 16 seeds × 20,000 steps "
-         "packed against one after another, and the next pack of 7 (set-up included)", 150, sweep_trainer, json_rows),
+    Part("sweep_trainer", "benchmarks/sweep_throughput.py --level trainer --engine: 32 trials × 16 seeds × 20,000 "
+         "steps packed 8 at a time against one after another, and the next pack of 7 (set-up included)", 200,
+         sweep_trainer, json_rows),
     Part("sweep_pack8", "a real `nalu-sweep sweep`, 8 trials × 16 seeds × 5,000 steps, pack: 8 (one pack on the "
          "GPU)", 120, sweep_part("gpu-check-pack8", 8, 8, 1.0, 1), sweep_figures),
     Part("sweep_quarter_gpu", "a real `nalu-sweep sweep`, 8 trials × 16 seeds × 5,000 steps, unpacked, gpus: "
          "0.25 (four at once)", 120, sweep_part("gpu-check-quarter", 8, 1, 0.25, 4), sweep_figures),
     Part("recurrent_run", "`nalu-sweep run` of sequential_digits (8 seeds) and sequence_arithmetic with "
          "nau,lstm (16 seeds), 2,000 steps each", 90, recurrent_runs, recurrent_figures),
-    Part("engine_tests", "the device engine's tests (tests/engine/)", 60, engine_tests, junit),
+    Part("engine_tests", "the device engine's tests (tests/engine/)", 150, engine_tests, junit),
     Part("engine_throughput", "benchmarks/engine_throughput.py rate: NAU → NMU at S = 100, 1,000, 10,000, engine and torch path", 150, engine_throughput, engine_figures),
     Part("recurrent_throughput", "benchmarks/recurrent_throughput.py, both recurrent tasks, 16 seeds (on a GPU: "
          "whole runs of 2,000 steps, cold and warm)", 90,

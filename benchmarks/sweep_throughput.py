@@ -13,8 +13,9 @@ sharing one GPU (Ray's fractional GPUs; concurrency = trials per GPU).
 Usage:
     python benchmarks/sweep_throughput.py [--trials 32] [--seeds 16] [--steps 20000]
         [--packs 1,4,8,16] [--device cpu|cuda] [--gpus-per-trial ...] [--json out.json]
-    python benchmarks/sweep_throughput.py --level trainer ...   # the training loop alone:
-        K trials as one PackedTrainer against K Trainers one after another, and the next
+    python benchmarks/sweep_throughput.py --level trainer [--engine] ...   # the training
+        loop alone: the trials in PackedTrainers of K against Trainers one after another
+        (``--engine``: on the device engine, as a GPU sweep trains them), and the next
         pack of K − 1 (``next_pack_s``: compiled, it should cost (K − 1)/K of the first
         less its set-up, ``next_pack_if_no_setup_s`` for comparison)
 """
@@ -74,35 +75,48 @@ def run_sweep(args, pack: int, gpus: float, concurrency: int) -> dict:
 
 
 def trainer_level(args, pack: int) -> dict:
-    """The training loop alone: ``pack`` trials as one `PackedTrainer` against the same
-    trials trained one after another (`Trainer`), in this process, one thread."""
+    """The training loop alone: ``--trials`` trials in packs of ``pack`` (`PackedTrainer`)
+    against the same trials trained one after another (`Trainer`), in this process, one
+    thread; with ``--engine``, on the device engine where it covers them, as a sweep on a
+    GPU trains them (`service.engine.attach_on_gpu`)."""
     import torch
 
     from service.config import RunConfig
     from service.training import Trainer
     from service.training.packing import PackedTrainer
 
+    prepare = None
+    if args.engine:
+        from service.engine import attach_on_gpu as prepare
     torch.set_num_threads(1)
+    trials = max(pack, args.trials)
     members = []
-    for k in range(pack):
+    for k in range(trials):
         data = {"task": TASK, **fixed(args.device, args.steps), "seeds": args.seeds}
         data["train"] = {**data["train"], "steps": args.steps, "eval_every": args.eval_every,
-                         "optimizer": {"name": "adam", "lr": 1e-3 * (1.1 ** k)}}
+                         "optimizer": {"name": "adam", "lr": 1e-3 * (1.1 ** (k % 16))}}
         members.append(RunConfig.model_validate(data))
+    groups = [members[i:i + pack] for i in range(0, trials, pack)]
     started = time.perf_counter()
-    PackedTrainer(members).run()
+    PackedTrainer(groups[0], prepare=prepare).run()
+    first = time.perf_counter() - started
+    for group in groups[1:]:
+        PackedTrainer(group, prepare=prepare).run()
     packed = time.perf_counter() - started
-    row: dict = {}
+    row: dict = {"trials": trials, "engine": bool(args.engine), "first_pack_s": round(first, 1)}
     if pack > 1:  # the next pack, one member fewer (a pruned trial): compiled, it reuses the step
         started = time.perf_counter()
-        PackedTrainer(members[1:]).run()
-        row = {"next_pack_s": round(time.perf_counter() - started, 1),
-               "next_pack_if_no_setup_s": round(packed * (pack - 1) / pack, 1)}
+        PackedTrainer(groups[0][1:], prepare=prepare).run()
+        row.update({"next_pack_s": round(time.perf_counter() - started, 1),
+                    "next_pack_if_no_setup_s": round(first * (pack - 1) / pack, 1)})
     started = time.perf_counter()
     for member in members:
-        Trainer(member).run()
+        trainer = Trainer(member)
+        if prepare is not None:
+            prepare(trainer)
+        trainer.run()
     alone = time.perf_counter() - started
-    seed_steps = pack * args.seeds * args.steps
+    seed_steps = trials * args.seeds * args.steps
     return {"pack": pack, "packed_s": round(packed, 1), "one_by_one_s": round(alone, 1),
             "packed_seed_steps_per_s": round(seed_steps / packed),
             "one_by_one_seed_steps_per_s": round(seed_steps / alone), "ratio": round(alone / packed, 2), **row}
@@ -121,6 +135,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=0,
                         help="trials (groups, when packed) in flight; 0: the CPU count / cpus per trial")
     parser.add_argument("--gpus-per-trial", default="", help="e.g. 1,0.5,0.25,0.125: unpacked sweeps sharing one GPU")
+    parser.add_argument("--engine", action="store_true",
+                        help="--level trainer: train on the device engine where it covers the model (a GPU)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     packs = [int(k) for k in args.packs.split(",") if k]

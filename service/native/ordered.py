@@ -37,12 +37,21 @@ def tree_sum(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     The order depends on the dimension's length alone, never on the other dimensions: a
     GPU's reduction kernels split a row by how many rows there are (seeds, for a metric),
     so a seed's sum could change with its batch mates."""
+    return _tree(x, dim, torch.add, 0.0)
+
+
+def tree_prod(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Product of ``x`` over ``dim`` in `tree_sum`'s order (its gradient elementwise too)."""
+    return _tree(x, dim, torch.mul, 1.0)
+
+
+def _tree(x: torch.Tensor, dim: int, op, empty: float) -> torch.Tensor:
     x = x.movedim(dim, -1)
+    if x.shape[-1] == 0:
+        return torch.full(x.shape[:-1], empty, dtype=x.dtype, device=x.device)
     while x.shape[-1] > 1:
         n = x.shape[-1]
         half = n // 2
-        paired = x[..., :half] + x[..., half:2 * half]
+        paired = op(x[..., :half], x[..., half:2 * half])
         x = torch.cat([paired, x[..., 2 * half:]], -1) if n % 2 else paired
-    if x.shape[-1] == 0:
-        return x.sum(-1)
     return x[..., 0]

@@ -247,6 +247,27 @@ class _RowBias(torch.autograd.Function):
         return g, row_sum(g)
 
 
+class _PerRow(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, p: Tensor, rows: int) -> Tensor:
+        ctx.shape = p.shape
+        return p.unsqueeze(1).expand(p.shape[0], rows, *p.shape[1:]).contiguous()
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor) -> tuple[Tensor, None]:
+        return row_sum(g.flatten(2)).view(ctx.shape), None
+
+
+def per_row(p: Tensor, rows: int) -> Tensor:
+    """``p [S, ...]`` as seen by each of ``rows`` batch rows, ``[S, 1 or rows, ...]``: on a
+    GPU materialised, so that its gradient is summed over the rows by `row_sum` (a fixed
+    order) instead of by the broadcast's reduction (an order set by the seed count)."""
+    if p.is_cuda and p.dtype == torch.float32:
+        return _PerRow.apply(p, rows)
+    return p.unsqueeze(1)
+
+
 def add_bias(h: Tensor, b: Tensor) -> Tensor:
     """``h [S, B, O] + b [S, O]`` (one bias per seed, broadcast over the rows), whose bias
     gradient is `row_sum`'s."""

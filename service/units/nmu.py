@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from service.native.ordered import tree_prod
 from service.seeding.init_stream import InitStream
 from service.units import kernels
 from service.units.base import ExactMode, ForwardContext, Unit, mean_distance_to_bounds
@@ -32,7 +33,9 @@ def nmu_forward(x: Tensor, w: Tensor) -> Tensor:
         if kernels.nmu2_usable(x, w):
             return kernels.nmu2(x, w)
         return _Product2.apply(x, w)
-    return (w.unsqueeze(1) * (x.unsqueeze(2) - 1) + 1).prod(-1)
+    factors = kernels.per_row(w, x.shape[1]) * (x.unsqueeze(2) - 1) + 1
+    # on a GPU the product in an order fixed by ``in`` alone (`tree_prod`)
+    return tree_prod(factors) if factors.is_cuda else factors.prod(-1)
 
 
 class _Product2(torch.autograd.Function):
@@ -56,7 +59,9 @@ class _Product2(torch.autograd.Function):
             gx = torch.cat([(ga * w[..., 0].unsqueeze(1)).sum(2, keepdim=True),
                             (gb * w[..., 1].unsqueeze(1)).sum(2, keepdim=True)], -1)
         if ctx.needs_input_grad[1]:
-            gw = torch.stack([(ga * xm1[..., 0:1]).sum(1), (gb * xm1[..., 1:2]).sum(1)], -1)
+            # summed over the rows; on a GPU in an order fixed by the rows alone (`row_sum`)
+            rows = kernels.row_sum if g.is_cuda else (lambda t: t.sum(1))
+            gw = torch.stack([rows(ga * xm1[..., 0:1]), rows(gb * xm1[..., 1:2])], -1)
         return gx, gw
 
 

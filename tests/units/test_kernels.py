@@ -129,3 +129,23 @@ def test_sparsity_regularizer_gradient_at_the_clamp_bounds(unit_name, weights, e
     reference = torch.min(a.abs(), (1 - a).abs()).mean()  # the reference code's expression
     (ref_grad,) = torch.autograd.grad(reference, w)
     assert torch.equal(grad.flatten(), ref_grad)
+
+
+def test_per_row_and_add_bias_sum_their_gradients_over_the_rows():
+    """What a GPU takes for a parameter broadcast over the batch rows (`kernels.per_row`,
+    `kernels.add_bias`): the broadcast forward, and the gradient summed over the rows in
+    `row_sum`'s fixed order, equal to the plain sum up to rounding."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.randn(3, 2, 4, generator=g, requires_grad=True)
+    out = kernels._PerRow.apply(p, 5)
+    assert out.shape == (3, 5, 2, 4) and torch.equal(out[:, 3], p.detach())
+    up = torch.randn(3, 5, 2, 4, generator=g)
+    (grad,) = torch.autograd.grad(out, p, up)
+    torch.testing.assert_close(grad, up.sum(1), rtol=1e-6, atol=1e-6)
+    b = torch.randn(3, 6, generator=g, requires_grad=True)
+    h = torch.randn(3, 5, 6, generator=g)
+    up = torch.randn(3, 5, 6, generator=g)
+    (gb,) = torch.autograd.grad(kernels.add_bias(h, b), b, up)
+    torch.testing.assert_close(gb, up.sum(1), rtol=1e-6, atol=1e-6)
+    one = kernels.row_sum(up[1:2])
+    assert torch.equal(kernels.row_sum(up)[1:2], one)  # a seed's sum from its own rows
