@@ -43,6 +43,8 @@ def summary(part: dict) -> str:
         return "; ".join(f"{k}: {_n(v['seed_steps_per_s'])} seed·steps/s" for k, v in f.items())
     if f and all(isinstance(v, list) for v in f.values()):  # recurrent_throughput.py's rows per task
         return "; ".join(f"{task}: " + ", ".join(_recurrent_row(r) for r in rows) for task, rows in f.items())
+    if f and all(isinstance(v, str) for v in f.values()):  # a call's findings, in words
+        return "; ".join(f"{k}: {v}" for k, v in f.items())
     return ""
 
 
@@ -64,7 +66,8 @@ def render(report: dict) -> str:
              + (" (dry run)" if report.get("dry_run") else ""), "",
              "| part | status | wall s | figures |", "|---|---|---|---|"]
     for part in report.get("parts", []):
-        lines.append(f"| {part['name']} | {part['status']} | {part.get('wall_s', '')} | {summary(part)} |")
+        status = part["status"] + (f" (commit {str(part['commit'])[:7]}, an earlier run)" if part.get("commit") else "")
+        lines.append(f"| {part['name']} | {status} | {part.get('wall_s', '')} | {summary(part)} |")
     for part in report.get("parts", []):
         f = part.get("figures") or {}
         if part["name"] == "throughput" and f.get("by_seeds"):
