@@ -205,7 +205,7 @@ def validate_and_report(uri: str, name: str, top: int, seeds: int, address: str 
     try:
         validate_sweep(uri, name, top, seeds, {}, address=address)
     finally:
-        if stop_ray:  # the local Ray the sweep left running for this (`SweepOptions.keep_ray`)
+        if stop_ray:  # the local Ray the sweep left running, or its connection, for this (`keep_ray`)
             from service.sweep.cluster import stop_ray as stop_local_ray
 
             stop_local_ray()

@@ -128,7 +128,7 @@ def sweep(
     if view is not None and validate is not None and view.ranked():
         try:
             decision.validate_and_report(summary.tracking_uri, summary.name, validate, validate_seeds, address,
-                                         stop_ray=summary.ray_left_running)
+                                         stop_ray=summary.ray_left_running or summary.ray_connected)
         except UserError as e:
             fail(str(e))
         if ranking is not None:

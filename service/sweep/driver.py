@@ -76,6 +76,7 @@ class SweepSummary:
     trials: dict[str, int]
     best_objective: float | None
     ray_left_running: bool = False  # a local Ray this sweep started and kept (`SweepOptions.keep_ray`)
+    ray_connected: bool = False  # still connected to the running cluster it joined (`keep_ray`)
 
 
 def default_storage_path() -> str:
@@ -185,10 +186,14 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
             helper.announced(options.tracking_uri) as announcement, \
             driver_tracking.served(announcement, options.tracking_uri, local=not options.address) as tracking:
         prepared = pool.submit(_prepare, options, exp_path)
-        started_ray = False
+        started_ray = joined_ray = False
         try:
+            import ray
+
+            already = ray.is_initialized()  # this process's own Ray (a test's, a notebook's): left as it is
             started_ray = init_ray(options.address, options.verbose,
                                    say=lambda line: console.print(line, highlight=False))
+            joined_ray = not started_ray and not already
             client, parent = prepared.result()
             if tracking is not None:
                 tracking.use(client)
@@ -197,9 +202,13 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
             summary = _run(space, options, console, client, parent, exp_path,
                            str(announcement) if tracking is not None else None)
             summary.ray_left_running = started_ray and options.keep_ray
+            summary.ray_connected = joined_ray and options.keep_ray
             return summary
         finally:
-            if started_ray and not options.keep_ray:
+            # a Ray started here is stopped; from a running cluster this process disconnects
+            # now (`ray.shutdown` leaves the cluster up), not in Ray's exit hook, which
+            # waits half a second for log lines first
+            if (started_ray or joined_ray) and not options.keep_ray:
                 stop_ray()
 
 

@@ -161,8 +161,10 @@ def validate_sweep(tracking_uri: str, name: str, top: int, seeds: int, extra_ran
             assert not (set(cfg.seed_ids) & used), "validation seeds overlap the search's seeds"
         jobs.append((trial, configs))
 
-    started_ray = init_ray(address, verbose=False, say=say)
     import ray
+
+    already = ray.is_initialized()
+    started_ray = init_ray(address, verbose=False, say=say)
 
     try:
         cpus = max(1, int(space.resources.cpus))
@@ -171,7 +173,7 @@ def validate_sweep(tracking_uri: str, name: str, top: int, seeds: int, extra_ran
                 for _, configs in jobs]
         results = ray.get(refs)
     finally:
-        if started_ray:
+        if started_ray or not already:  # stopped if started here, else disconnected (`run_sweep`)
             stop_ray()
 
     batch = str(len({r.data.tags.get(TAG_BATCH) for r in earlier}) + 1)

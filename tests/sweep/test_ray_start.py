@@ -88,3 +88,29 @@ def test_a_sweep_joins_a_running_local_ray_leaves_it_running_and_tune_reads_its_
     assert all(r.metrics["objective"] == pytest.approx(o) for r, o in
                zip(sorted(grid, key=lambda r: r.config["lr"]),
                    frame.sort_values("config/lr")["objective"], strict=True))
+
+
+DISCONNECT_CHECK = """
+import ray
+from service.cli import app
+try:
+    app(["sweep", "space.yaml", "--name", "again"])
+except SystemExit as e:
+    assert not e.code, e.code
+print("connected after the sweep:", ray.is_initialized())
+"""
+
+
+def test_a_sweep_that_joined_a_running_ray_disconnects_at_its_end(running_cluster, tmp_path):
+    """Through `ray.shutdown()` when the sweep ends (which leaves a joined cluster up), not in
+    Ray's exit hook, which first waits half a second for log lines (issue 34's warm fixed
+    cost); the cluster keeps running."""
+    env, group, process_group = running_cluster
+    gcs = [p for p in process_group(group) if p.name().startswith("gcs_server")]
+    (tmp_path / "space.yaml").write_text(yaml.safe_dump({**SPACE, "trials": 1}))
+    done = subprocess.run([sys.executable, "-c", DISCONNECT_CHECK], cwd=tmp_path, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout
+    assert "connected to the running Ray" in done.stdout, done.stdout
+    assert "connected after the sweep: False" in done.stdout, done.stdout
+    assert gcs[0].is_running() and gcs[0].status() != psutil.STATUS_ZOMBIE
