@@ -465,7 +465,8 @@ PARTS: list[Part] = [
          "0.25 (four at once)", 120, sweep_part("gpu-check-quarter", 8, 1, 0.25, 4), sweep_figures),
     Part("recurrent_run", "`nalu-sweep run` of sequential_digits (8 seeds) and sequence_arithmetic with "
          "nau,lstm (16 seeds), 2,000 steps each", 90, recurrent_runs, recurrent_figures),
-    Part("engine_tests", "the device engine's tests (tests/engine/)", 150, engine_tests, junit),
+    Part("engine_tests", "the device engine's tests (tests/engine/; each new kernel configuration JIT-compiles, ~5 s)", 300,
+         engine_tests, junit),
     Part("engine_throughput", "benchmarks/engine_throughput.py rate: NAU → NMU at S = 100, 1,000, 10,000, engine and torch path", 150, engine_throughput, engine_figures),
     Part("recurrent_throughput", "benchmarks/recurrent_throughput.py, both recurrent tasks, 16 seeds (on a GPU: "
          "whole runs of 2,000 steps, cold and warm)", 90,
