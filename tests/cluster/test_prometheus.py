@@ -32,7 +32,10 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"  # docker-compose.yml's
-SWEEP, SEEDS, STEPS, TRIALS = "prom-smoke", 2, 2000, 2
+# each trial trains for several seconds, so that at least one export (every second) and one
+# scrape (every second) fall inside it: with 2,000 steps a trial could end between two
+# (once in a clean-clone run, a trial's rate never reached Prometheus above 0)
+SWEEP, SEEDS, STEPS, TRIALS = "prom-smoke", 2, 8000, 2
 SPACE = loopback_stack.small_mul_space(SWEEP, seeds=SEEDS, steps=STEPS, eval_every=500, trials=TRIALS)
 OWN = {"ray_nalu_sweep_trials", "ray_nalu_sweep_seed_steps_per_second", "ray_nalu_sweep_seed_steps_total",
        "ray_nalu_sweep_seeds_solved"}
@@ -166,15 +169,19 @@ def _value(url: str, query: str) -> float | None:
 
 @pytest.fixture(scope="module")
 def swept(prometheus_stack):
-    """The sweep, driven with --address against the Ray above; its driver stays connected a
-    few seconds after the sweep so that Ray exports its last figures."""
+    """The sweep, driven with --address against the Ray above, from a driver process that
+    connects to that Ray itself first and stays connected a few seconds after the sweep, so
+    that Ray exports the sweep's last figures (a sweep disconnects at its end only from a
+    Ray it connected to itself; Ray exports a process's metrics every few seconds)."""
     work = prometheus_stack["root"] / "work"
     work.mkdir()
     (work / "space.yaml").write_text(SPACE)
     tracking = f"sqlite:///{work / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_ADDRESS"))}
     env.update(prometheus_stack["env"], TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1", COLUMNS="200")
-    driver = ("import sys, time\nfrom service.cli import app\n"
+    driver = ("import sys, time\nimport ray\n"
+              f"ray.init(address={prometheus_stack['address']!r}, log_to_driver=False)\n"
+              "from service.cli import app\n"
               "try:\n    app(sys.argv[1:], standalone_mode=False)\nfinally:\n    time.sleep(5)\n")
     cmd = [str(prometheus_stack["python"]), "-c", driver, "sweep", "space.yaml", "--address",
            prometheus_stack["address"], "--tracking-uri", tracking, "--storage-path", str(work / "runs")]
