@@ -41,9 +41,22 @@ def gpu_ids() -> str:
 
 
 # Ray warns on every start that token authentication is on (or off) for a local cluster,
-# however it was chosen: the setting is kept, the notice only shown with --verbose (a logger
-# name, configured through `logging`; nothing of Ray's is imported for it)
-RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+# however it was chosen: the setting is kept, the notice only shown with --verbose (a
+# `logging.Filter` on the handlers of Ray's public "ray" logger, by the notice's text)
+RAY_AUTH_NOTICE = "Token authentication is"
+
+
+class _DropAuthNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(RAY_AUTH_NOTICE)
+
+
+def quiet_ray_auth_notice() -> None:
+    """Drop Ray's token-authentication notice from the handlers of the ``ray`` logger (where
+    Ray prints its own messages); every other message passes. Idempotent."""
+    for handler in logging.getLogger("ray").handlers:
+        if not any(isinstance(f, _DropAuthNotice) for f in handler.filters):
+            handler.addFilter(_DropAuthNotice())
 # Optuna's grid sampler calls `Study.stop` when the grid is used up; outside `optimize`
 # that raises, and Ray logs it as a warning although the trial was told (it is harmless)
 STUDY_STOP_NOISE = "`Study.stop` is supposed to be invoked inside an objective function"
@@ -80,7 +93,7 @@ def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | No
     import ray
 
     if not verbose:
-        logging.getLogger(RAY_AUTH_LOGGER).setLevel(logging.ERROR)
+        quiet_ray_auth_notice()
 
     check_ray_address(address)  # an explicit, unreachable --address is an error even if Ray is up
     if ray.is_initialized():
@@ -178,7 +191,9 @@ def quiet_libraries(verbose: bool) -> None:
         search_log.addFilter(_drop_study_stop)
     if verbose:
         return
-    logging.getLogger("mlflow.store.db.utils").setLevel(logging.WARNING)
+    # MLflow's documented level (its loggers read it when it is imported), unless the user set one
+    level = os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    logging.getLogger("mlflow").setLevel(level.upper())  # in case MLflow is already imported
     logging.getLogger("alembic").setLevel(logging.WARNING)
     # a resumed trial reports its first steps again; Optuna keeps the first values
     warnings.filterwarnings("ignore", message="The reported value is ignored")
