@@ -37,7 +37,7 @@ from ray.tune.search.optuna import OptunaSearch
 from service.errors import UserError
 from service.formatting import redact
 from service.sweep.results import OPTUNA_TRIAL, RUN_CONFIGS, stopped_early
-from service.sweep.study_sync import TrialRecords, settle_told_runs, sync_study
+from service.sweep.study_sync import TrialRecords, completed_run, settle_told_runs, sync_study, tell_run
 
 if TYPE_CHECKING:
     from service.search.space import SearchSpace
@@ -72,6 +72,7 @@ class ResumableOptunaSearch(OptunaSearch):
         super().__init__(**kwargs)
         self._records = records
         self._synced: list[int] = []  # results read back from MLflow on restore
+        self._restored = False  # restored from Tune's snapshot (a resumed sweep)
         self._settled: list[int] = []  # runs closed as the study had their trials on restore
 
     def suggest(self, trial_id: str) -> dict | None:
@@ -97,7 +98,7 @@ class ResumableOptunaSearch(OptunaSearch):
     def restore(self, checkpoint_path: str) -> None:
         super().restore(checkpoint_path)
         records, space = getattr(self, "_records", None), getattr(self._space, "space", None)
-        self._synced, self._settled = [], []
+        self._synced, self._settled, self._restored = [], [], True
         if records is not None and space is not None:
             try:
                 self._synced = sync_study(self._ot_study, records, space)
@@ -126,7 +127,8 @@ class ResumableOptunaSearch(OptunaSearch):
         if ot_trial is not None and result and not error:
             self._report_last(ot_trial, result)
             if self._stopped_early(result):
-                self._prune(trial_id, ot_trial)
+                if not self._completed_before(trial_id, ot_trial):
+                    self._prune(trial_id, ot_trial)
                 return
         super().on_trial_complete(trial_id, result, error)
 
@@ -151,6 +153,24 @@ class ResumableOptunaSearch(OptunaSearch):
         (the scheduler stopped it there: `service.sweep.results.stopped_early`)."""
         space = getattr(self._space, "space", None)
         return space is not None and stopped_early(result, space.steps * len(space.task_configs()))
+
+    def _completed_before(self, trial_id: str, ot_trial: Any) -> bool:
+        """In a resumed sweep, a trial stopped early whose run an earlier attempt completed
+        (`study_sync.completed_run`) is told COMPLETE as its run holds it; returns whether
+        it was. A sweep never resumed reads nothing from MLflow here."""
+        records, space = getattr(self, "_records", None), getattr(self._space, "space", None)
+        if not getattr(self, "_restored", False) or records is None or space is None:
+            return False
+        try:
+            run = completed_run(records, space, ot_trial.number)
+            if run is None:
+                return False
+            tell_run(self._ot_study, self._frozen(ot_trial), run)
+        except Exception as e:  # noqa: BLE001 - the trial is then told PRUNED, as before
+            logger.warning("could not read the run of Optuna trial %s back from MLflow: %s", ot_trial.number, e)
+            return False
+        self._completed_trials.add(trial_id)
+        return True
 
     def _prune(self, trial_id: str, ot_trial: Any) -> None:
         """Tell the study a trial the scheduler stopped is PRUNED (Ray's `OptunaSearch` would

@@ -109,7 +109,20 @@ def finished_runs(client: Any, records: TrialRecords, space: SearchSpace,
     return sorted(out, key=lambda r: r.number)
 
 
-def _tell(study: Any, frozen: Any, run: FinishedRun) -> None:
+def completed_run(records: TrialRecords, space: SearchSpace, number: int) -> FinishedRun | None:
+    """The run of Optuna trial ``number`` when it is closed as completed, else None. In a
+    resumed sweep, Tune may run again a trial whose earlier attempt trained all its steps
+    after the restore read the runs back (its worker outlived the killed driver): its run
+    keeps the completed result even when the scheduler stops the repeat early
+    (`service.sweep.trainable`), and the study must then agree."""
+    client = store.client(records.tracking_uri)
+    found = [r for r in finished_runs(client, records, space, lambda n: n == number) if not r.pruned]
+    return found[0] if found else None
+
+
+def tell_run(study: Any, frozen: Any, run: FinishedRun) -> None:
+    """Tell ``study`` its RUNNING trial ``frozen`` ended as ``run`` holds it: the reports it
+    is missing, then COMPLETE with the final objective or PRUNED."""
     import optuna
 
     trial = optuna.trial.Trial(study, frozen._trial_id)
@@ -150,7 +163,7 @@ def tell_finished(study: Any, finished: list[FinishedRun], space: SearchSpace) -
                 number, count = count, count + 1
                 added[run.run_id] = number
             elif trials[run.number].state == optuna.trial.TrialState.RUNNING:
-                _tell(study, trials[run.number], run)
+                tell_run(study, trials[run.number], run)
                 number = run.number
             else:
                 continue
