@@ -266,12 +266,8 @@ def test_a_store_that_cannot_be_read_leaves_the_old_behaviour(tmp_path, caplog):
     assert "could not read the trial runs back from MLflow" in caplog.text
 
 
-def test_a_repeat_stopped_early_of_a_trial_completed_after_the_restore_stays_completed(tmp_path):
-    """The kill-and-resume race a clean-clone run hit: trial 0's worker outlived the killed
-    driver and closed its run as completed after the resumed driver read the runs back;
-    Tune ran the trial again from an older checkpoint and ASHA stopped the repeat, whose run
-    stays completed (its earlier attempt trained every step). The study must say COMPLETE,
-    with the run's final objective and reports, not PRUNED."""
+def _restored_with_trial_0(tmp_path):
+    """A searcher restored from a snapshot taken when trial 0 ("a") had been asked."""
     client, records = _records(tmp_path)
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     before = _searcher(records, url)
@@ -279,6 +275,16 @@ def test_a_repeat_stopped_early_of_a_trial_completed_after_the_restore_stays_com
     before.save(str(tmp_path / "searcher.pkl"))
     after = _searcher(records, url)
     after.restore(str(tmp_path / "searcher.pkl"))
+    return client, records, url, a, after
+
+
+def test_a_repeat_stopped_early_of_a_trial_completed_after_the_restore_stays_completed(tmp_path):
+    """The kill-and-resume race a clean-clone run hit: trial 0's worker outlived the killed
+    driver and closed its run as completed after the resumed driver read the runs back;
+    Tune ran the trial again from an older checkpoint and ASHA stopped the repeat, whose run
+    stays completed (its earlier attempt trained every step). The study must say COMPLETE,
+    with the run's final objective and reports, not PRUNED."""
+    client, records, url, a, after = _restored_with_trial_0(tmp_path)
     assert optuna.load_study(study_name="sync", storage=url).trials[0].state == States.RUNNING
     _trial_run(client, records, a, Outcome.COMPLETED, COMPLETED)  # closed after the restore
 
@@ -291,13 +297,7 @@ def test_a_repeat_stopped_early_of_a_trial_completed_after_the_restore_stays_com
 
 
 def test_a_trial_stopped_early_without_a_completed_run_is_pruned_after_a_restore(tmp_path):
-    client, records = _records(tmp_path)
-    url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    before = _searcher(records, url)
-    a = before.suggest("a")
-    before.save(str(tmp_path / "searcher.pkl"))
-    after = _searcher(records, url)
-    after.restore(str(tmp_path / "searcher.pkl"))
+    client, records, url, a, after = _restored_with_trial_0(tmp_path)
     _trial_run(client, records, a, Outcome.PRUNED, PRUNED_AT)
     after.on_trial_complete("a", {OBJECTIVE: 0.2, "training_iteration": 2, "step": 100})
     assert optuna.load_study(study_name="sync", storage=url).trials[0].state == States.PRUNED
