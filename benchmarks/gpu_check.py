@@ -448,6 +448,36 @@ def engine_figures(out: str, scratch: Path) -> dict:
     return {"json": json.loads(path.read_text())} if path.exists() else {}
 
 
+TABLE1_SEED_STEPS = 7 * 4 * 100 * 5_000_000  # the NAU paper's Table 1: models × operations × seeds × steps
+
+
+def table1_rate(settings: Settings, scratch: Path) -> list[str] | str:
+    """The arithmetic protocol shortened: every model, its four operations as one seed batch,
+    the seven models side by side (one process each), the engine where it covers a model."""
+    script = "benchmarks/reproduce.py"
+    if not (ROOT / script).is_file() or not script_has(script, "--cell-by-cell"):
+        return f"absent ({script} with its operations as one seed batch)"
+    cmd = [settings.python, script, "arithmetic", "--device", settings.device, "--out", str(scratch / "table1"),
+           "--checkpoint-every", "0"]
+    if settings.quick:
+        return cmd + ["--seeds", "2", "--steps", "200", "--models", "NMU"]
+    return cmd + ["--engine", "--seeds", "100", "--steps", "20000", "--jobs", "7"]
+
+
+def table1_figures(out: str, scratch: Path) -> dict:
+    path = scratch / "table1" / "arithmetic.json"
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    ok = [c for c in data["cells"] if c["status"] == "ok"]
+    seed_steps = len(ok) * data["seeds"] * data["steps"]
+    rate = seed_steps / data["elapsed_s"] if data["elapsed_s"] > 0 else None
+    return {"seeds": data["seeds"], "steps": data["steps"], "cells": len(ok), "elapsed_s": data["elapsed_s"],
+            "seed_steps_per_s": rate, "engine_cells": sum(bool(c.get("engine")) for c in ok),
+            "table1_projected_s": TABLE1_SEED_STEPS / rate if rate else None,
+            "success": {f"{c['row']['op']} {c['row']['model']}": c["aggregate"]["successes"] for c in ok}}
+
+
 # In priority order: when the budget runs short, the last ones are skipped.
 PARTS: list[Part] = [
     Part("cuda_tests", "the CUDA tests (tests/training/test_cuda.py, tests/sweep/test_gpu_sweep.py, "
@@ -468,6 +498,9 @@ PARTS: list[Part] = [
     Part("engine_tests", "the device engine's tests (tests/engine/; each new kernel configuration JIT-compiles, ~5 s)", 300,
          engine_tests, junit),
     Part("engine_throughput", "benchmarks/engine_throughput.py rate: NAU → NMU at S = 100, 1,000, 10,000, engine and torch path", 150, engine_throughput, engine_figures),
+    Part("table1_rate", "benchmarks/reproduce.py arithmetic --engine, 100 seeds × 20,000 steps: each model's four "
+         "operations as one seed batch, the seven models side by side (--jobs 7); the projection to Table 1",
+         240, table1_rate, table1_figures),
     Part("recurrent_throughput", "benchmarks/recurrent_throughput.py, both recurrent tasks, 16 seeds (on a GPU: "
          "whole runs of 2,000 steps, cold and warm)", 90,
          recurrent_throughput, recurrent_throughput_figures),

@@ -26,6 +26,11 @@ def summary(part: dict) -> str:
     if isinstance(f.get("json"), dict) and f["json"].get("kind") == "rate":  # engine_throughput.py rate
         return "; ".join(f"{r['path']} S = {_n(r['seeds'])}: {_n(r['seed_steps_per_s'])} seed·steps/s"
                          for r in f["json"]["rows"])
+    if "table1_projected_s" in f:  # gpu_check's table1_rate
+        projected = f["table1_projected_s"]
+        return (f"{f['cells']} cells × {_n(f['seeds'])} seeds × {_n(f['steps'])} steps in {f['elapsed_s']:.0f} s: "
+                f"{_n(f['seed_steps_per_s'])} seed·steps/s ({f['engine_cells']} cells on the engine); Table 1 "
+                + (f"projected {projected / 60:.0f} min" if projected else "not projected"))
     if "passed" in f:
         text = f"{f['passed']} passed, {f['failed']} failed, {f['errors']} errors, {f['skipped']} skipped"
         return text + (f" ({', '.join(f['failures'][:3])})" if f.get("failures") else "")

@@ -3,6 +3,7 @@ with this project's trainer and metrics, and print it beside the published one.
 
     python benchmarks/reproduce.py PROTOCOL [--seeds 100] [--device cpu|cuda|auto]
                                             [--steps N] [--out DIR] [--models A,B] [--engine]
+                                            [--jobs N] [--cell-by-cell] [--resume]
 
 PROTOCOL is one of:
 
@@ -28,11 +29,14 @@ t for means, order statistics for the median).
 Writes ``DIR/PROTOCOL.json`` (settings, aggregates, per-seed outcomes, published figures)
 and ``DIR/PROTOCOL.md`` (the table).
 
-Each finished cell is also written to ``DIR/cells/<op>-<model>/``, and a cell in training
-saves its trainer state there every ``--checkpoint-every`` evaluations: ``--resume`` keeps
-the finished cells and continues the others where they stopped (a lent GPU machine that
-goes away mid-protocol loses minutes, not hours). ``--jobs N`` trains N cells at once, each
-in its own process. ``--merge FILE...`` writes the table from cells run earlier (other
+A model's operations train as one seed batch (``service.training.packing``: the operation is
+a per-seed setting of the arithmetic task, and each seed trains bit-identically to its cell
+trained alone; ``--cell-by-cell`` trains each cell on its own instead). Each finished cell is
+also written to ``DIR/cells/<op>-<model>/``, and a cell in training saves its trainer state
+there every ``--checkpoint-every`` evaluations: ``--resume`` keeps the finished cells and
+continues the others where they stopped (a lent GPU machine that goes away mid-protocol
+loses minutes, not hours). ``--jobs N`` trains N models (or cells) at once, each in its own
+process: the models side by side on one GPU. ``--merge FILE...`` writes the table from cells run earlier (other
 machines or sessions): the same protocol, seeds and length; a cell none has is "not run".
 """
 
@@ -54,7 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from service.config import RunConfig  # noqa: E402
 from service.engine import attach  # noqa: E402
+from service.pack_structure import check_pack  # noqa: E402
 from service.training import Trainer  # noqa: E402
+from service.training.packing import PackedTrainer  # noqa: E402
 from service.training.checkpoint import CheckpointError, TrainerCheckpoint  # noqa: E402
 
 # -- the protocols ------------------------------------------------------------------------------
@@ -243,62 +249,110 @@ def print_table(title: str, rows: list[dict[str, str]]) -> None:
 
 
 # -- running ------------------------------------------------------------------------------------
+def not_available(protocol: Protocol, op: str, model: Model, e: Exception) -> dict[str, Any]:
+    """The row of a cell whose configuration does not validate (or cannot be built)."""
+    reason = " ".join(str(e).split())[:300]
+    print(f"  {op} {model.name}: not available ({type(e).__name__}: {reason})", flush=True)
+    base = {"op": OP_SYMBOL[op], "model": model.name, **published_cells(protocol.name, op, model.name)}
+    return {"row": {**base, "success [95% CI]": "not available"}, "status": "not available",
+            "reason": f"{type(e).__name__}: {reason}", "layers": model.layers}
+
+
+def load_checkpoint(path: Path | None, args: argparse.Namespace, label: str) -> TrainerCheckpoint | None:
+    if path is None or not getattr(args, "resume", False) or not path.exists():
+        return None
+    try:
+        return TrainerCheckpoint.load(path)
+    except CheckpointError as e:
+        raise SystemExit(f"error: {label}: {e}; delete {path} to start the cell afresh") from None
+
+
+def run_group(protocol: Protocol, ops: list[str], model: Model, args: argparse.Namespace,
+              checkpoints: dict[str, Path] | None = None) -> dict[str, dict[str, Any]]:
+    """Train the cells ``ops`` of ``model`` as one seed batch (`PackedTrainer`: the operation
+    a per-seed setting of the task; each cell's seeds train exactly as in a cell of its own)
+    and return each cell's result. A cell whose configuration does not validate gets a "not
+    available" row. With ``checkpoints`` (a path per operation), each cell's own state is
+    saved there every ``args.checkpoint_every`` evaluations, and with ``args.resume`` the
+    checkpoints found there are continued (cells at different steps train as separate packs)."""
+    out: dict[str, dict[str, Any]] = {}
+    configs: dict[str, RunConfig] = {}
+    for op in ops:
+        try:
+            configs[op] = config = run_config(protocol, op, model, args.seeds, args.steps, args.device)
+            check_pack([config])
+        except Exception as e:  # noqa: BLE001 - e.g. a unit option another change has not added yet
+            out[op] = not_available(protocol, op, model, e)
+    paths = checkpoints or {}
+    resumes = {op: load_checkpoint(paths.get(op), args, f"{op} {model.name}") for op in configs}
+    for step in dict.fromkeys(None if r is None else r.step for r in resumes.values()):
+        group = [op for op in configs if (resumes[op].step if resumes[op] else None) == step]
+        out.update(train_pack(protocol, group, model, [configs[op] for op in group],
+                              [resumes[op] for op in group], args, paths))
+    return {op: out[op] for op in ops}
+
+
+def train_pack(protocol: Protocol, ops: list[str], model: Model, configs: list[RunConfig],
+               resumes: list[TrainerCheckpoint | None], args: argparse.Namespace,
+               paths: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    label = f"{','.join(ops)} {model.name}"
+    for op, resume in zip(ops, resumes):
+        if resume is not None:
+            print(f"  {op} {model.name}: resuming from step {resume.step} ({paths[op]})", flush=True)
+    engine_used = []
+    prepare = None
+    if getattr(args, "engine", False):
+        def prepare(trainer: Trainer) -> None:
+            engine_used.append(attach(trainer, notice=lambda line: print(f"  {label}: {line}")))
+    pack = PackedTrainer(configs, prepare=prepare)
+    steps = configs[0].train.steps
+    marks = {round(steps * k / 10) for k in range(1, 10)}
+
+    def on_eval(members) -> None:  # a line at about every tenth of the run
+        for m in members:
+            if m.report.checkpoint is not None and ops[m.index] in paths:
+                m.report.checkpoint.save(paths[ops[m.index]])
+        rep = members[0].report
+        if any(rep.step >= k > rep.step - configs[0].train.eval_every for k in marks):
+            print(f"    {label}: step {rep.step}/{rep.total_steps}, {rep.elapsed_s:.0f} s", flush=True)
+
+    every = getattr(args, "checkpoint_every", 0) if paths else 0
+    started = time.perf_counter()
+    try:
+        results = pack.run(on_eval, resume_from=resumes, checkpoint_every=every)
+    except CheckpointError as e:  # a checkpoint of another configuration
+        raise SystemExit(f"error: {label}: {e}; delete the cells' checkpoint.pt to start afresh") from None
+    elapsed = time.perf_counter() - started
+    engine = bool(engine_used) and all(engine_used)
+    seeds = sum(c.seeds for c in configs)
+    done = steps - (resumes[0].step if resumes[0] else 0)
+    mode = "engine" if engine else "compiled" if results[0].compiled else "eager"
+    print(f"  {label}: {seeds} seeds{' as one batch' if len(ops) > 1 else ''}, {elapsed:.0f} s "
+          f"({done * seeds / max(elapsed, 1e-9):,.0f} seed·steps/s, {mode})", flush=True)
+    out = {}
+    for op, config, result in zip(ops, configs, results):
+        if op in paths:
+            paths[op].unlink(missing_ok=True)  # the cell's JSON is its result from here on
+        agg = result.aggregate.model_dump(mode="json")
+        print(f"  {op} {model.name}: {agg['successes']}/{agg['n_seeds']} solved", flush=True)
+        base = {"op": OP_SYMBOL[op], "model": model.name, **published_cells(protocol.name, op, model.name)}
+        out[op] = {
+            "row": {**base, **cells(agg)}, "status": "ok", "layers": model.layers,
+            "config": config.model_dump(mode="json"), "thresholds": result.thresholds,
+            "aggregate": agg, "elapsed_s": elapsed, "device": result.device, "compiled": result.compiled,
+            "engine": engine, "trained_with": ops,
+            "seeds": [{k: v for k, v in s.model_dump(mode="json").items()
+                       if k in ("seed", "success", "best_step", "solved_at", "interpolation_mse",
+                                "extrapolation_mse", "sparsity_error", "final_sparsity_error", "diverged")}
+                      for s in result.seeds],
+        }
+    return out
+
+
 def run_cell(protocol: Protocol, op: str, model: Model, args: argparse.Namespace,
              checkpoint: Path | None = None) -> dict[str, Any]:
-    """Train one (operation, model) cell over every seed; a model whose configuration does
-    not validate (or cannot be built) yet gives a "not available" row instead. With
-    ``checkpoint``, the trainer's state is saved there every ``args.checkpoint_every``
-    evaluations, and with ``args.resume`` a checkpoint found there is continued (the same
-    trajectory as a run never stopped: `service.training.checkpoint`)."""
-    base = {"op": OP_SYMBOL[op], "model": model.name, **published_cells(protocol.name, op, model.name)}
-    try:
-        config = run_config(protocol, op, model, args.seeds, args.steps, args.device)
-        trainer = Trainer(config)
-    except Exception as e:  # noqa: BLE001 - e.g. a unit option another change has not added yet
-        reason = " ".join(str(e).split())[:300]
-        print(f"  {op} {model.name}: not available ({type(e).__name__}: {reason})", flush=True)
-        return {"row": {**base, "success [95% CI]": "not available"}, "status": "not available",
-                "reason": f"{type(e).__name__}: {reason}", "layers": model.layers}
-    engine = getattr(args, "engine", False) and attach(trainer, notice=lambda line: print(f"  {op} {model.name}: {line}"))
-    resume = None
-    if checkpoint is not None and getattr(args, "resume", False) and checkpoint.exists():
-        try:
-            resume = TrainerCheckpoint.load(checkpoint)
-        except CheckpointError as e:
-            raise SystemExit(f"error: {op} {model.name}: {e}; delete {checkpoint} to start the cell afresh") from None
-        print(f"  {op} {model.name}: resuming from step {resume.step} ({checkpoint})", flush=True)
-    started = time.perf_counter()
-    marks = {round(config.train.steps * k / 10) for k in range(1, 10)}
-
-    def on_eval(rep) -> None:  # a line at about every tenth of the run
-        if rep.checkpoint is not None and checkpoint is not None:
-            rep.checkpoint.save(checkpoint)
-        if any(rep.step >= m > rep.step - config.train.eval_every for m in marks):
-            print(f"    {op} {model.name}: step {rep.step}/{rep.total_steps}, {rep.elapsed_s:.0f} s", flush=True)
-
-    every = getattr(args, "checkpoint_every", 0) if checkpoint is not None else 0
-    try:
-        result = trainer.run(on_eval, resume_from=resume, checkpoint_every=every)
-    except CheckpointError as e:  # a checkpoint of another configuration
-        raise SystemExit(f"error: {op} {model.name}: {e}; delete {checkpoint} to start the cell afresh") from None
-    if checkpoint is not None:
-        checkpoint.unlink(missing_ok=True)  # the cell's JSON is its result from here on
-    elapsed = time.perf_counter() - started
-    agg = result.aggregate.model_dump(mode="json")
-    rate = (config.train.steps - (resume.step if resume else 0)) * config.seeds / max(elapsed, 1e-9)  # this process's
-    print(f"  {op} {model.name}: {agg['successes']}/{agg['n_seeds']} solved, {elapsed:.0f} s "
-          f"({rate:,.0f} seed·steps/s, {'engine' if engine else 'compiled' if result.compiled else 'eager'})",
-          flush=True)
-    return {
-        "row": {**base, **cells(agg)}, "status": "ok", "layers": model.layers,
-        "config": config.model_dump(mode="json"), "thresholds": result.thresholds,
-        "aggregate": agg, "elapsed_s": elapsed, "device": result.device, "compiled": result.compiled,
-        "engine": bool(engine),
-        "seeds": [{k: v for k, v in s.model_dump(mode="json").items()
-                   if k in ("seed", "success", "best_step", "solved_at", "interpolation_mse",
-                            "extrapolation_mse", "sparsity_error", "final_sparsity_error", "diverged")}
-                  for s in result.seeds],
-    }
+    """One (operation, model) cell on its own (`run_group` of one operation)."""
+    return run_group(protocol, [op], model, args, {op: checkpoint} if checkpoint else None)[op]
 
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Protocol, list[str], list[Model]]:
@@ -313,8 +367,9 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Protocol, li
     parser.add_argument("--models", default=None, help="comma-separated subset of the protocol's models")
     parser.add_argument("--ops", default=None, help="comma-separated subset of the protocol's operations")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="cells trained at once, each in its own process (on one H100: 2 gave "
-                             "about 1.3x the seed·steps/s of 1, 6 no more than 2; README)")
+                        help="models (or, with --cell-by-cell, cells) trained at once, each in its own "
+                             "process: the models side by side on one GPU (on one H100, cell by cell: "
+                             "2 gave about 1.3x the seed·steps/s of 1, 6 no more than 2; README)")
     parser.add_argument("--merge", type=Path, nargs="+", default=None, metavar="FILE",
                         help="write the table from these PROTOCOL.json files of earlier runs; no training")
     parser.add_argument("--checkpoint-every", type=int, default=250, metavar="K",
@@ -326,7 +381,10 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, Protocol, li
     parser.add_argument("--engine", action="store_true",
                         help="train the cells the device engine covers on it (service.engine: a GPU "
                              "with Triton; docs/engine.md); the others on the torch path")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # a --jobs child: one cell into OUT
+    parser.add_argument("--cell-by-cell", action="store_true",
+                        help="train each (operation, model) cell on its own, not a model's operations "
+                             "as one seed batch (the same per-seed results, more launches)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # a --jobs child: its cells under OUT/cells
     args = parser.parse_args(argv)
     protocol = PROTOCOLS[args.protocol]
     args.steps = args.steps or protocol.steps
@@ -367,10 +425,20 @@ def cell_dir(out: Path, op: str, model: Model) -> Path:
 
 
 def cell_files(args: argparse.Namespace, protocol: Protocol, op: str, model: Model) -> tuple[Path, Path]:
-    """(result JSON, checkpoint) of one cell, in ``OUT/cells/<cell>/``; a ``--jobs`` child
-    is handed that folder as its OUT."""
-    folder = args.out if args.child else cell_dir(args.out, op, model)
+    """(result JSON, checkpoint) of one cell, in ``OUT/cells/<cell>/``."""
+    folder = cell_dir(args.out, op, model)
     return folder / f"{protocol.name}.json", folder / "checkpoint.pt"
+
+
+def groups(todo: list[tuple[str, Model]], args: argparse.Namespace) -> list[tuple[list[str], Model]]:
+    """The cells to train, a model's operations together as one seed batch (one group per
+    cell with ``--cell-by-cell``), in the protocol's order of models."""
+    if getattr(args, "cell_by_cell", False):
+        return [([op], m) for op, m in todo]
+    by_model: dict[str, tuple[list[str], Model]] = {}
+    for op, m in todo:
+        by_model.setdefault(m.name, ([], m))[0].append(op)
+    return list(by_model.values())
 
 
 def kept_cell(path: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -382,30 +450,33 @@ def kept_cell(path: Path, args: argparse.Namespace) -> dict[str, Any]:
     return payload["cells"][0]
 
 
-def run_in_processes(protocol: Protocol, todo: list[tuple[str, Model]],
+def run_in_processes(protocol: Protocol, todo: list[tuple[list[str], Model]],
                      args: argparse.Namespace) -> dict[tuple[str, str], dict[str, Any]]:
-    """Every cell in a child process of this script, ``args.jobs`` at a time; a child that
-    fails leaves a "failed" row (its output says why) and the others go on."""
+    """Every group of cells in a child process of this script, ``args.jobs`` at a time (the
+    models side by side on one GPU); a child that fails leaves "failed" rows (its output
+    says why) and the others go on."""
     todo = list(todo)
-    running: list[tuple[str, Model, subprocess.Popen]] = []
+    running: list[tuple[list[str], Model, subprocess.Popen]] = []
     results: dict[tuple[str, str], dict[str, Any]] = {}
     while todo or running:
         while todo and len(running) < args.jobs:
-            op, m = todo.pop(0)
-            cmd = [sys.executable, str(Path(__file__).resolve()), protocol.name, "--ops", op,
+            ops, m = todo.pop(0)
+            cmd = [sys.executable, str(Path(__file__).resolve()), protocol.name, "--ops", ",".join(ops),
                    "--models", m.name, "--seeds", str(args.seeds), "--steps", str(args.steps),
-                   "--device", args.device, "--out", str(cell_dir(args.out, op, m)),
+                   "--device", args.device, "--out", str(args.out),
                    "--checkpoint-every", str(args.checkpoint_every), "--child"] + (["--resume"] if args.resume else [])
             cmd += ["--engine"] if args.engine else []
-            running.append((op, m, subprocess.Popen(cmd)))
+            cmd += ["--cell-by-cell"] if args.cell_by_cell else []
+            running.append((ops, m, subprocess.Popen(cmd)))
         time.sleep(0.2)
         for entry in [r for r in running if r[2].poll() is not None]:
             running.remove(entry)
-            op, m, proc = entry
-            path = cell_dir(args.out, op, m) / f"{protocol.name}.json"
-            if proc.returncode == 0 and path.exists():
-                results[op, m.name] = json.loads(path.read_text())["cells"][0]
-            else:
+            ops, m, proc = entry
+            for op in ops:
+                path = cell_dir(args.out, op, m) / f"{protocol.name}.json"
+                if proc.returncode == 0 and path.exists():
+                    results[op, m.name] = json.loads(path.read_text())["cells"][0]
+                    continue
                 print(f"  {op} {m.name}: failed (exit status {proc.returncode})", flush=True)
                 results[op, m.name] = {"row": {"op": OP_SYMBOL[op], "model": m.name,
                                                **published_cells(protocol.name, op, m.name),
@@ -481,9 +552,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{protocol.title}: {sum(r['status'] == 'ok' for r in results)} of {len(results)} cells "
               f"from {len(args.merge)} file(s)", flush=True)
     else:
+        unit = "cells" if args.cell_by_cell else "models"
+        together = "" if args.cell_by_cell or len(ops) == 1 else "; a model's operations as one seed batch"
         print(f"{protocol.title}: {len(models)} models × {len(ops)} ops × {args.seeds} seeds × {args.steps} steps"
-              f"{' (shortened: not the paper protocol)' if shortened else ''}; {protocol.note}"
-              f"{f'; {args.jobs} cells at a time' if args.jobs > 1 else ''}", flush=True)
+              f"{' (shortened: not the paper protocol)' if shortened else ''}; {protocol.note}{together}"
+              f"{f'; {args.jobs} {unit} at a time' if args.jobs > 1 else ''}", flush=True)
         done: dict[tuple[str, str], dict[str, Any]] = {}
         todo: list[tuple[str, Model]] = []
         for op in ops:
@@ -495,18 +568,20 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     todo.append((op, m))
         if args.jobs > 1:
-            done.update(run_in_processes(protocol, todo, args))
-        for op, m in todo if args.jobs == 1 else []:
-            result_file, checkpoint = cell_files(args, protocol, op, m)
-            cell_started = time.perf_counter()
-            done[op, m.name] = run_cell(protocol, op, m, args, checkpoint if args.checkpoint_every else None)
-            if not args.child:  # a finished cell is kept apart, for --resume and --merge
-                write_outputs(result_file.parent, protocol, args, [done[op, m.name]],
-                              time.perf_counter() - cell_started, title)
+            done.update(run_in_processes(protocol, groups(todo, args), args))
+        for group_ops, m in groups(todo, args) if args.jobs == 1 else []:
+            files = {op: cell_files(args, protocol, op, m) for op in group_ops}
+            group_started = time.perf_counter()
+            trained = run_group(protocol, group_ops, m, args,
+                                {op: f[1] for op, f in files.items()} if args.checkpoint_every else None)
+            for op, cell in trained.items():  # each finished cell kept apart, for --resume and --merge
+                done[op, m.name] = cell
+                write_outputs(files[op][0].parent, protocol, args, [cell], time.perf_counter() - group_started, title)
+        if args.child:  # its cells are written; the parent writes the table
+            return 0
         results = [done[op, m.name] for op in ops for m in models]
 
-    if not args.child:
-        print_table(title, [r["row"] for r in results])
+    print_table(title, [r["row"] for r in results])
     write_outputs(args.out, protocol, args, results, time.perf_counter() - started, title)
     print(f"wrote {args.out / (protocol.name + '.json')} and {args.out / (protocol.name + '.md')}", flush=True)
     return 0

@@ -2,7 +2,8 @@
 
 The members of a pack share their structure — task, units, categorical options, steps,
 batch, loss, clipping, device and compile mode — and may differ only in the continuous settings the trainer holds
-per seed (`service.training.seed_settings`). The sweep's driver groups trials by these
+per seed (`service.training.seed_settings`) and in the task fields that set the target alone
+(a task's ``PACKABLE``: the arithmetic task's operation). The sweep's driver groups trials by these
 rules without loading torch; the trainer checks a pack with the same ones.
 """
 
@@ -61,6 +62,7 @@ def structure_key(config: RunConfig) -> str:
     if packable(config):
         for key in _RUN_FIELDS:
             data.pop(key, None)
+        data["task"] = {k: v for k, v in data["task"].items() if k not in type(config.task).PACKABLE}
         train = data["train"]
         train["optimizer"] = {k: v for k, v in train["optimizer"].items() if k not in OPTIMIZER_FIELDS}
         schedule = config.regularizer()

@@ -192,6 +192,18 @@ def test_the_trainer_level_sweep_part_runs_on_the_cpu(tmp_path):
     assert "sweep_trainer" in table and "passed" in table
 
 
+@pytest.mark.slow  # ~10 s: a tiny arithmetic protocol (one model's four operations as one batch)
+def test_the_table1_part_runs_on_the_cpu_and_projects(tmp_path):
+    out = tmp_path / "check.json"
+    assert gpu_check.main(["--device", "cpu", "--parts", "table1_rate", "--json", str(out)]) == 0
+    (part,) = json.loads(out.read_text())["parts"]
+    assert part["status"] == "passed", part
+    f = part["figures"]
+    assert f["cells"] == 4 and f["seeds"] == 2 and f["steps"] == 200 and f["engine_cells"] == 0
+    assert f["table1_projected_s"] == pytest.approx(gpu_check.TABLE1_SEED_STEPS / f["seed_steps_per_s"])
+    assert "Table 1 projected" in gpu_results.summary(part)
+
+
 def test_results_render_each_kind_of_part_as_a_table_row():
     report = {"machine": {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580", "torch": "2.11.0+cu130",
                           "torch_cuda": "13.0", "commit": "0123456789abcdef"}, "wall_s": 400, "parts": [

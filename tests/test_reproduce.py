@@ -111,7 +111,24 @@ def test_jobs_train_each_cell_in_its_own_process_with_the_same_seeds(tmp_path, c
     assert rep.main([*common, "--models", "NMU", "--out", str(tmp_path / "one")]) == 0
     alone = json.loads((tmp_path / "one" / "small_mul.json").read_text())["cells"][0]
     assert data["cells"][1]["seeds"] == alone["seeds"]
-    assert "2 cells at a time" in capsys.readouterr().out
+    assert "2 models at a time" in capsys.readouterr().out
+
+
+def test_a_models_operations_train_as_one_batch_with_each_cells_own_outcomes(tmp_path, capsys):
+    """The arithmetic protocol trains a model's four operations as one seed batch; every
+    cell's per-seed outcomes are those of the cell trained on its own (``--cell-by-cell``)."""
+    rep = _reproduce()
+    common = ["arithmetic", "--seeds", "2", "--steps", "200", "--models", "NMU", "--device", "cpu"]
+    assert rep.main([*common, "--out", str(tmp_path / "packed")]) == 0
+    assert "add,sub,mul,div NMU: 8 seeds as one batch" in capsys.readouterr().out
+    assert rep.main([*common, "--cell-by-cell", "--out", str(tmp_path / "apart")]) == 0
+    packed = json.loads((tmp_path / "packed" / "arithmetic.json").read_text())["cells"]
+    apart = json.loads((tmp_path / "apart" / "arithmetic.json").read_text())["cells"]
+    assert [c["trained_with"] for c in packed] == [["add", "sub", "mul", "div"]] * 4
+    assert [c["trained_with"] for c in apart] == [["add"], ["sub"], ["mul"], ["div"]]
+    assert [c["seeds"] for c in packed] == [c["seeds"] for c in apart]
+    assert [c["thresholds"] for c in packed] == [c["thresholds"] for c in apart]
+    assert len({json.dumps(c["seeds"]) for c in packed}) == 4  # four targets: four outcomes
 
 
 def test_a_cell_whose_process_fails_gets_a_failed_row(tmp_path, monkeypatch, capsys):

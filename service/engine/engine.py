@@ -20,13 +20,12 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import Tensor
 
-from service.engine.coverage import engine_gap, pack_gap
+from service.engine.coverage import OPERATION_CODES, PER_SEED_OP, engine_gap, pack_gap
 from service.engine.layout import EngineState, from_trainer, padded_width, unit_codes, write_back
 
 if TYPE_CHECKING:
     from service.training.trainer import Trainer
 
-OPERATION_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3, "squared": 4, "root": 5}
 ROWS_PER_CHUNK = 32  # batch rows per chunk of a step (registers: RB × IP per program)
 EVAL_ROWS = 64  # evaluation rows per chunk
 STEPS_PER_LAUNCH = 1000  # at most; a launch runs to the next evaluation
@@ -106,7 +105,8 @@ class Engine:
         self.consts = dict(
             B=B, I=I, IP=IP, JOIN=I % 4 == 0 and IP >= 16, RB=min(rows_per_chunk, max(1, 1 << (B - 1).bit_length())),
             TGT=1 if task.kind == "small_mul" else 0,
-            OP=OPERATION_CODES.get(getattr(task, "operation", "mul"), 2),
+            OP=(PER_SEED_OP if trainer.member_tasks.mixed
+                else OPERATION_CODES.get(getattr(task, "operation", "mul"), 2)),
             A0=runs[0][0], A1=runs[0][1], B0=runs[1][0], B1=runs[1][1], U1=u1, U2=u2,
             REG=1 if trainer.schedule.shape == "constant" else 0,
         )
@@ -114,6 +114,9 @@ class Engine:
         self.num_warps = num_warps
         self.eval_sets = {name: (x.contiguous(), y.reshape(-1).contiguous())
                           for name, (x, y) in trainer.eval_sets.items()}
+        rows = trainer.eval_task_rows  # each seed's row of the targets (mixed operations)
+        self.eval_rows = (torch.zeros(trainer.num_seeds, dtype=torch.int64, device=trainer.device)
+                          if rows is None else rows.to(torch.int64))
 
     @property
     def num_seeds(self) -> int:
@@ -138,7 +141,7 @@ class Engine:
         out = torch.empty(self.num_seeds, dtype=torch.float64, device=x.device)
         c = self.consts
         self.k.eval_kernel[(self.num_seeds,)](
-            x, y, self.state.l1, self.state.l2, out, x.shape[0], self.eps2, I=c["I"], IP=c["IP"],
+            x, y, self.eval_rows, self.state.l1, self.state.l2, out, x.shape[0], self.eps2, I=c["I"], IP=c["IP"],
             EB=EVAL_ROWS, U1=c["U1"], U2=c["U2"], num_warps=self.num_warps, enable_fp_fusion=False)
         return out
 

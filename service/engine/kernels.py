@@ -36,7 +36,7 @@ NMU = tl.constexpr(4)
 NAC_MUL = tl.constexpr(5)
 
 SLOTS = 6  # per layer: parameter a, parameter b, Adam m and v of a, of b
-HYPER = 8  # per seed: λ_max, t_start, t_end − t_start, 1 − β1, β2, 1 − β2, ε, (unused)
+HYPER = 8  # per seed: λ_max, t_start, t_end − t_start, 1 − β1, β2, 1 − β2, ε, operation code
 
 
 if INTERPRETED:  # no libdevice here: float64 numpy rounded once (the CPU's correctly rounded values)
@@ -175,10 +175,12 @@ def backward2(gy, y, h0, h1, f0, f1, v0, v1, U2: tl.constexpr, eps2):
 
 
 @triton.jit
-def target(x, cols, TGT: tl.constexpr, OP: tl.constexpr, A0: tl.constexpr, A1: tl.constexpr,
+def target(x, cols, op, TGT: tl.constexpr, OP: tl.constexpr, A0: tl.constexpr, A1: tl.constexpr,
            B0: tl.constexpr, B1: tl.constexpr):
     """The task's target per row: ``a ∘ b`` of the two runs' sums (arithmetic, TGT 0) or
-    ``(x1+x2+x3+x4)(x1+x2)`` (small_mul, TGT 1)."""
+    ``(x1+x2+x3+x4)(x1+x2)`` (small_mul, TGT 1). ``OP`` the operation's code, or
+    `PER_SEED_OP`: the seed's own code ``op`` (a pack of mixed operations; every operation
+    computed as alone, the seed's chosen)."""
     if TGT == 1:
         x0 = tl.sum(tl.where(cols[None, :] == 0, x, 0.0), 1)
         x1 = tl.sum(tl.where(cols[None, :] == 1, x, 0.0), 1)
@@ -189,7 +191,13 @@ def target(x, cols, TGT: tl.constexpr, OP: tl.constexpr, A0: tl.constexpr, A1: t
     else:
         a = tl.sum(tl.where((cols[None, :] >= A0) & (cols[None, :] < A1), x, 0.0), 1)
         b = tl.sum(tl.where((cols[None, :] >= B0) & (cols[None, :] < B1), x, 0.0), 1)
-        if OP == 0:
+        if OP == 6:
+            t = tl.where(op == 0, a + b, a - b)
+            t = tl.where(op == 2, a * b, t)
+            t = tl.where(op == 3, tl.div_rn(a, b), t)
+            t = tl.where(op == 4, a * a, t)
+            return tl.where(op == 5, tl.sqrt_rn(a), t)
+        elif OP == 0:
             return a + b
         elif OP == 1:
             return a - b
@@ -259,6 +267,7 @@ def train_kernel(keys_ptr, l1_ptr, l2_ptr, flags_ptr, hyper_ptr, opt_steps_ptr, 
     b2 = tl.load(hp + 4)
     omb2 = tl.load(hp + 5)
     eps = tl.load(hp + 6)
+    op = tl.load(hp + 7).to(tl.int32)  # the seed's operation code (read where OP is per seed)
     opt_t = tl.load(opt_steps_ptr + s)
     table = table_ptr + tl.load(group_ptr + s) * table_len * 2
     n1 = 2.0 * I
@@ -280,7 +289,7 @@ def train_kernel(keys_ptr, l1_ptr, l2_ptr, flags_ptr, hyper_ptr, opt_steps_ptr, 
             rows = r0 + tl.arange(0, RB)
             rm = rows < B
             x = tl.where(rm[:, None], draw_rows(kp, step, rows, I, IP, JOIN, lo, scale), 0.0)
-            t = target(x, cols, TGT, OP, A0, A1, B0, B1)
+            t = target(x, cols, op, TGT, OP, A0, A1, B0, B1)
             h0 = tl.sum(x * w10[None, :], 1)
             h1 = tl.sum(x * w11[None, :], 1)
             y, f0, f1 = forward2(h0, h1, v0, v1, U2, eps2)
@@ -367,11 +376,13 @@ def train_kernel(keys_ptr, l1_ptr, l2_ptr, flags_ptr, hyper_ptr, opt_steps_ptr, 
 
 
 @triton.jit(do_not_specialize=["n"])
-def eval_kernel(x_ptr, y_ptr, l1_ptr, l2_ptr, out_ptr, n, eps2, I: tl.constexpr,
+def eval_kernel(x_ptr, y_ptr, yrow_ptr, l1_ptr, l2_ptr, out_ptr, n, eps2, I: tl.constexpr,
                 IP: tl.constexpr, EB: tl.constexpr, U1: tl.constexpr, U2: tl.constexpr):
-    """``out[s]`` = seed s's MSE (float64) on the shared set ``x [n, I]``, ``y [n]``: errors
+    """``out[s]`` = seed s's MSE (float64) on the shared inputs ``x [n, I]`` against its
+    targets ``y[yrow[s]]`` of ``y [T, n]`` (T > 1 in a pack of mixed operations): errors
     in float32 as the model computes them, squared and summed in float64."""
     s = tl.program_id(0).to(tl.int64)
+    y_ptr += tl.load(yrow_ptr + s).to(tl.int64) * n
     cols = tl.arange(0, IP)
     cm = cols < I
     p1 = l1_ptr + s * (6 * 2 * IP)

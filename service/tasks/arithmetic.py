@@ -3,7 +3,7 @@ Johansen 2020): ``t = a ∘ b`` with ``a``, ``b`` sums of two overlapping input 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -18,6 +18,7 @@ class ArithmeticTask(SubsetTask):
     """``x ∈ R^100`` i.i.d. from the interpolation range, ``t = a ∘ b`` (SPEC.md §2)."""
 
     kind: Literal["arithmetic"] = "arithmetic"
+    PACKABLE: ClassVar[frozenset[str]] = frozenset({"operation"})  # the target alone
     operation: Operation = Field("mul", description="add, sub, mul, div, squared (a·a) or root (√a)")
 
     @model_validator(mode="after")

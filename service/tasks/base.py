@@ -40,6 +40,10 @@ class Task(Frozen):
     """Base of every task config; subclasses add their own fields and a ``kind`` literal."""
 
     kind: ClassVar[str]
+    PACKABLE: ClassVar[frozenset[str]] = frozenset()
+    """Fields that may differ between the members of one pack: fields that change only the
+    target (and so the evaluation targets and thresholds), never the inputs or the model
+    (`service.pack_structure.structure_key`; the trainer holds them per seed)."""
 
     interpolation: Range = Field(
         default_factory=lambda: Range.model_validate("U[1,2]"),

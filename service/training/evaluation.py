@@ -70,12 +70,15 @@ class Evaluation:
                 xb = x[i:i + EVAL_CHUNK]  # shared by every seed: seed stride 0, even for one seed
                 xb = xb.as_strided((s1 - s0, *xb.shape), (0, *xb.stride()))
                 z = self.model(xb, ctx) if group >= S else torch.func.functional_call(self.model, sliced, (xb, ctx))
-                err = (z - y[i:i + EVAL_CHUNK]).double().square()
+                yb = y[..., i:i + EVAL_CHUNK, :]  # [chunk, O] shared, or [T, chunk, O] by task
+                if yb.dim() == 3:  # members of mixed targets: each seed its task's row
+                    yb = yb.index_select(0, self.eval_task_rows[s0:s1])
+                err = (z - yb).double().square()
                 # a CPU sums a row of a tile in one order whatever the rows; a GPU's kernel
                 # splits it by the number of rows (the group's seeds): `tree_sum` there
                 total[s0:s1] += err.flatten(1).sum(1) if err.is_cpu else tree_sum(err.flatten(1))
         self.model.train(was_training)
-        return total / (n * y.shape[1])
+        return total / (n * y.shape[-1])
 
     def evaluate(self) -> None:
         self._steps.append(self.step)

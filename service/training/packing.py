@@ -214,11 +214,12 @@ class PackedTrainer:
         for pos, (index, rows) in enumerate(zip(self.active, trainer.settings.slices)):
             history = report.history.seeds(rows)
             diverged = report.diverged[rows]
-            seeds = per_seed_metrics(history, trainer.thresholds, best[rows], diverged, None,
+            thresholds = trainer.member_thresholds[pos]
+            seeds = per_seed_metrics(history, thresholds, best[rows], diverged, None,
                                      trainer.seed_ids[rows], final_sparsity_error=sparsity[rows],
                                      prerequisites=trainer.task.range_prerequisites())
             out.append(MemberEval(
-                index=index, thresholds=trainer.thresholds, aggregate=aggregate(seeds),
+                index=index, thresholds=thresholds, aggregate=aggregate(seeds),
                 report=dataclasses.replace(
                     report, interpolation_mse=report.interpolation_mse[rows],
                     extrapolation_mse={n: v[rows] for n, v in report.extrapolation_mse.items()},

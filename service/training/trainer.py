@@ -42,6 +42,7 @@ from service.training.device import (
 )
 from service.training.evaluation import EvalReport, Evaluation
 from service.training.graphs import GRAPH_STEPS, CapturedSteps
+from service.training.member_tasks import MemberTasks
 from service.training.model import BatchedModel, build_model
 from service.training.optimizers import BatchedOptimizer
 from service.training.result import RunResult
@@ -95,6 +96,10 @@ class Trainer(Evaluation, CapturedSteps):
         self.optimizer = BatchedOptimizer(self.params, t.optimizer, self.settings.per_seed(lambda m: m.train.optimizer))
 
         self.data_keys = self._stream_keys("data")
+        # a shared batch: the rows of the members' first seeds, and each seed's member
+        self._batch_rows = [r.start for r in self.settings.slices]
+        self._seed_member = torch.tensor([i for i, r in enumerate(self.settings.slices)
+                                          for _ in range(r.start, r.stop)], device=self.device)
         self.noise_keys = self._stream_keys("noise")
         self.step_t = torch.zeros((), dtype=torch.int64, device=self.device)
         self.alive = torch.ones(self.num_seeds, dtype=torch.bool, device=self.device)
@@ -113,12 +118,13 @@ class Trainer(Evaluation, CapturedSteps):
         self._elapsed_before = 0.0  # training time of earlier attempts (a resumed run)
         self._buffers: tuple[Tensor, Tensor] | None = None
 
-        self.eval_sets = {  # float64: targets recomputed from the (float32) inputs in float64
-            name: (x.to(self.device, self.dtype),
-                   (y if self.dtype == y.dtype else self.task.target(x.to(self.dtype))).to(self.device, self.dtype))
-            for name, (x, y) in self.task.evaluation_sets().items()
-        }
-        self.thresholds = self.task.success_thresholds()
+        # members may differ in their target (the operation): `MemberTasks` per run of seeds
+        self.member_tasks = MemberTasks.of(members)
+        self.eval_sets = self.member_tasks.evaluation_sets(self.device, self.dtype)
+        self.eval_task_rows = (torch.tensor(self.member_tasks.seed_task(), device=self.device)
+                               if self.member_tasks.mixed else None)  # per seed, its row of y
+        self.member_thresholds = self.member_tasks.thresholds()
+        self.thresholds = self.member_thresholds[0]
         self.extrapolation_names = list(self.task.extrapolation)
         self._steps: list[int] = []
         self._interp: list[Tensor] = []
@@ -176,16 +182,22 @@ class Trainer(Evaluation, CapturedSteps):
         """
         t = self.config.train
         shape = (t.batch_size, self.task.input_size)
-        keys = self.data_keys[:1] if t.shared_batch else self.data_keys
+        # a shared batch is each member's own: drawn from its first seed's stream
+        keys = self.data_keys[self._batch_rows] if t.shared_batch else self.data_keys
         runs = self.task.operand_runs() or ()
         x, sums = rng.sample(keys, step, shape, self.task.interpolation.intervals, runs,
                              out=self._batch_buffers(keys.shape[0], shape, len(runs)))
+        tasks = self.member_tasks
+        if t.shared_batch and keys.shape[0] > 1:  # a pack: each seed its member's batch
+            x, sums = x[self._seed_member], sums[self._seed_member]
         if self.dtype != x.dtype:  # float64: the float32 draw, its target computed in float64
             x = x.to(self.dtype)
-            target = self.task.target(x)
+            target = tasks.targets(lambda task, rows: task.target(rows), x)
+        elif runs:
+            target = tasks.targets(lambda task, rows: task.apply_operation(rows), sums)
         else:
-            target = self.task.apply_operation(sums) if runs else self.task.target(x)
-        if t.shared_batch:
+            target = tasks.targets(lambda task, rows: task.target(rows), x)
+        if t.shared_batch and keys.shape[0] == 1:
             x = x.expand(self.num_seeds, *shape)
             target = target.expand(self.num_seeds, *target.shape[1:])
         return x, target
@@ -366,19 +378,24 @@ class Trainer(Evaluation, CapturedSteps):
         config): what the member trained on its own returns (`service.training.packing`)."""
         rows = slice(None) if member is None else self.settings.slices[member]
         config = self.config if member is None else self.settings.members[member]
-        history = self.history().seeds(rows)
-        diverged = self._diverged().cpu().numpy()[rows]
-        diverged_at = [int(v) if v >= 0 else None for v in self.diverged_at[rows].cpu().tolist()]
-        final_sparsity = self.model.sparsity_error().detach().cpu().numpy()[rows]
-        seed_ids = self.seed_ids[rows]
-        seeds = per_seed_metrics(history, self.thresholds, self.best_sparsity_error[rows].cpu().numpy(), diverged,
-                                 diverged_at, seed_ids, final_sparsity_error=final_sparsity,
-                                 prerequisites=self.task.range_prerequisites())
+        history = self.history()
+        diverged = self._diverged().cpu().numpy()
+        diverged_at = [int(v) if v >= 0 else None for v in self.diverged_at.cpu().tolist()]
+        final_sparsity = self.model.sparsity_error().detach().cpu().numpy()
+        best_sparsity = self.best_sparsity_error.cpu().numpy()
+        seeds = []  # each member's seeds against its own thresholds
+        for index in range(len(self.settings.members)) if member is None else [member]:
+            r = self.settings.slices[index]
+            seeds += per_seed_metrics(history.seeds(r), self.member_thresholds[index], best_sparsity[r],
+                                      diverged[r], diverged_at[r], self.seed_ids[r],
+                                      final_sparsity_error=final_sparsity[r],
+                                      prerequisites=self.task.range_prerequisites())
+        history = history.seeds(rows)
         weights = {k: w[rows].detach().cpu().numpy() for k, w in self.model.weight_matrices().items()}
         state = {k: v[rows] for k, v in self.model.state_dict().items()}
         return RunResult(
             config=config,
-            thresholds=self.thresholds,
+            thresholds=self.thresholds if member is None else self.member_thresholds[member],
             seeds=seeds,
             aggregate=aggregate(seeds),
             history=history,

@@ -73,6 +73,24 @@ def test_a_seed_trains_the_same_alone_among_others_and_in_a_pack(device: str) ->
     assert not torch.equal(params(among)[0][0], params(among)[0][1])  # seeds differ
 
 
+def test_a_pack_of_the_four_operations_trains_and_scores_each_as_alone(device: str) -> None:
+    """The operation a per-seed setting: each member of a pack of + − × ÷ trains and
+    evaluates bit-identically to its operation alone (its own targets, its own code)."""
+    ops = ["add", "sub", "mul", "div"]
+    members = [config("nmu", device, seeds=1, seed_offset=i, task={**ADD, "operation": op, "eval_samples": 50})
+               for i, op in enumerate(ops)]
+    packed = engine_trainer(members[0], members=members)
+    assert packed.engine.consts["OP"] == 6
+    packed.train_steps(2)
+    mse = packed.engine.mse("extrapolation")
+    for i, m in enumerate(members):
+        alone = engine_trainer(m)
+        alone.train_steps(2)
+        assert [torch.equal(a[i:i + 1], b) for a, b in zip(params(packed), params(alone))] == [True, True], m.task.operation
+        assert torch.equal(mse[i:i + 1], alone.engine.mse("extrapolation")), m.task.operation
+    assert len(set(mse.tolist())) == 4  # four targets, four errors
+
+
 @pytest.mark.parametrize("model", ["nmu", "nac_add"])
 def test_trains_the_torch_paths_trajectory(model: str, device: str, steps: int) -> None:
     cfg = config(model, device)

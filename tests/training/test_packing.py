@@ -3,6 +3,8 @@ bit-identical to the same configuration trained alone (issue 17)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -15,14 +17,14 @@ from service.training.packing import (PackedTrainer, merge_checkpoints, padding_
 
 
 def _member(lr: float = 1e-2, *, seeds: int = 3, master_seed: int = 0, optimizer: str = "adam",
-            layers=None, train=None, compile: str = "off", **extra) -> RunConfig:
+            layers=None, train=None, compile: str = "off", operation: str = "mul", **extra) -> RunConfig:
     base_train = {"steps": 120, "batch_size": 16, "eval_every": 40,
                   "optimizer": {"name": optimizer, "lr": lr}, "clip": {"mode": "norm", "max": 1.0},
                   "regularizer": {"lambda_max": 1.0, "t_start": 30, "t_end": 90}}
     for key, value in (train or {}).items():
         base_train[key] = {**base_train[key], **value} if isinstance(value, dict) and key in base_train else value
     return RunConfig.model_validate({
-        "task": {"kind": "arithmetic", "operation": "mul", "eval_samples": 600, "threshold_samples": 5_000},
+        "task": {"kind": "arithmetic", "operation": operation, "eval_samples": 600, "threshold_samples": 5_000},
         "model": {"layers": layers or [{"unit": "nau"}, {"unit": "nmu"}]},
         "train": base_train, "seeds": seeds, "master_seed": master_seed,
         "device": "cpu", "compile": compile, **extra,
@@ -87,9 +89,31 @@ def test_packed_uniform_init_bounds():
     _assert_pack_equals_alone(members)
 
 
+@pytest.mark.parametrize("shared_batch", [False, True])
+def test_the_operation_is_a_per_seed_setting(shared_batch):
+    """A model's four operations train as one seed batch: each member with its own targets,
+    evaluation targets and thresholds, exactly as alone."""
+    members = [_member(lr, seeds=n, master_seed=i, operation=op, train={"shared_batch": shared_batch})
+               for i, (op, lr, n) in enumerate([("add", 1e-2, 2), ("sub", 2e-2, 1), ("mul", 1e-2, 3), ("div", 5e-3, 2)])]
+    assert len({structure_key(m) for m in members}) == 1
+    results = _assert_pack_equals_alone(members)
+    assert len({json.dumps(r.thresholds, sort_keys=True) for r in results}) == 4
+    assert [r.config.task.operation for r in results] == ["add", "sub", "mul", "div"]
+
+
+def test_operations_whose_default_models_differ_do_not_pack():
+    def config(op: str) -> RunConfig:
+        return RunConfig.model_validate({"task": {"kind": "arithmetic", "operation": op}})
+
+    assert structure_key(config("add")) == structure_key(config("sub"))  # NAU → NAU both
+    assert structure_key(config("add")) != structure_key(config("mul"))  # NAU → NMU
+    assert structure_key(config("mul")) != structure_key(
+        RunConfig.model_validate({"task": {"kind": "arithmetic", "operation": "mul", "input_size": 50}}))
+
+
 @pytest.mark.slow
 def test_packed_members_compiled_train_as_they_do_alone():
-    members = [_member(1e-2, compile="on"), _member(4e-2, seeds=2, compile="on",
+    members = [_member(1e-2, compile="on"), _member(4e-2, seeds=2, compile="on", operation="div",
                                                     train={"optimizer": {"betas": (0.7, 0.95)}})]
     _assert_pack_equals_alone(members)
 
