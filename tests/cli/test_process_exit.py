@@ -107,3 +107,36 @@ def test_what_escapes_the_command_is_shown_as_python_shows_it(tmp_path, raised, 
         """, tmp_path)
     assert result.returncode == status
     assert shown in result.stderr
+
+
+def test_the_heap_is_collected_once_then_frozen_before_the_interpreter_finalizes(tmp_path):
+    """The last exit handler runs every finalizer of the garbage left (an object in a
+    reference cycle here), then freezes the heap: the interpreter's own final collections
+    find it frozen (they scanned a sweep driver's ~390,000 objects several times: 0.9 s)."""
+    result = _run("""
+        import atexit, gc, os, sys
+        import service.__main__ as entry
+        import service.cli
+
+        class Cycle:
+            def __del__(self):
+                os.write(1, b"finalized\\n")
+
+        def command(**kwargs):
+            gc.disable()  # no automatic collection before the exit: the command's handler
+            atexit.register(gc.enable)  # enables it again, first of all exit handlers
+            c = Cycle()
+            c.self = c
+            del c  # garbage from here on, in a cycle: only a collection finalizes it
+            def watch(phase, info):
+                if phase == "start" and sys.is_finalizing():
+                    os.write(1, f"final collection, heap frozen: {gc.get_freeze_count() > 0}\\n".encode())
+            gc.callbacks.append(watch)
+
+        service.cli.app = command
+        entry.main()
+        """, tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "finalized"
+    assert lines[1:] and set(lines[1:]) == {"final collection, heap frozen: True"}
