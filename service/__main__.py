@@ -9,19 +9,22 @@ A broken installation (a dependency missing or failing to import) is not a bug o
 command: it gets one clear line naming the module and how to repair the install, and exit
 status 1, instead of a traceback.
 
-The process's last exit handler collects the garbage once (every finalizer of an object
-already unreachable runs) and then freezes what is left (`gc.freeze`). The interpreter's
-own finalization then does not scan the libraries' objects again in each of its
-collections: a sweep's driver holds about 390,000 of them (Ray, Tune, MLflow, SQLAlchemy,
-pandas), and that scanning was 0.9 s of every sweep's end. Module teardown, the other exit
-handlers, the flushing of stdout and stderr, and the exit status are as before.
+The garbage collector runs less often while the command loads its libraries
+(`service.startup`), and the process's last exit handler collects the garbage once (every
+finalizer of an object already unreachable runs) and then freezes what is left
+(`gc.freeze`). The interpreter's own finalization then does not scan the libraries' objects
+again in each of its collections: a sweep's driver holds about 390,000 of them (Ray, Tune,
+MLflow, SQLAlchemy, pandas), and that scanning was 0.9 s of every sweep's end. Module
+teardown, the other exit handlers, the flushing of stdout and stderr, and the exit status
+are as before.
 """
 
 from __future__ import annotations
 
 import atexit
-import gc
 import sys
+
+from service.startup import collect_then_freeze, loading
 
 #: the exit status of a command that could not start because its installation is broken
 BROKEN_INSTALL = 1
@@ -40,17 +43,12 @@ def _load_app():
     return app
 
 
-def collect_then_freeze() -> None:
-    """The last exit handler: one full collection, then `gc.freeze` (module docstring)."""
-    gc.collect()
-    gc.freeze()
-
-
 def main() -> None:
     """The ``nalu-sweep`` command."""
     # registered before any library is imported, so that it runs after all of theirs
     # (exit handlers run last registered, first)
     atexit.register(collect_then_freeze)
+    loading()  # until the command has loaded what it needs (`service.startup.loaded`)
     app = _load_app()
     app(prog_name="nalu-sweep")
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from rich.console import Console
 
+from service import startup
 from service.errors import UserError
 from service.scoring.objective import OBJECTIVE
 from service.search.sampler import DefineByRun
@@ -195,6 +196,7 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
                                    say=lambda line: console.print(line, highlight=False))
             joined_ray = not started_ray and not already
             client, parent = prepared.result()
+            startup.loaded()  # Tune, MLflow and its store: loaded for the rest of the sweep
             if tracking is not None:
                 tracking.use(client)
             _check_parent(space, options, parent, exp_path)

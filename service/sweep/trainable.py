@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from service import startup
 from service.formatting import settings_label
 from service.search.assign import active_params, run_configs
 from service.search.space import SearchSpace
@@ -104,11 +105,14 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     a temporary directory that `tune.report` copies to the sweep's storage."""
     helper.use_announcement(settings.announcement)
     helper.shared(settings.tracking_uri)  # MLflow loads in its own process while torch loads here
+    startup.loading()
     import torch
     from ray import tune
 
     from service.sweep.trial import TrialProgress, run_trial
     from service.sweep.trial_state import TrialState
+
+    startup.loaded()
 
     context = tune.get_context()
     trial_id = context.get_trial_id()  # read first: stopping may interrupt anything later
@@ -162,10 +166,13 @@ def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
     it stay closed, the others continue from their own trainer checkpoints."""
     helper.use_announcement(settings.announcement)
     helper.shared(settings.tracking_uri)  # MLflow loads in its own process while torch loads here
+    startup.loading()
     import torch
     from ray import tune
 
     from service.sweep.pack import Member, PackState, run_pack
+
+    startup.loaded()
 
     trial_id = tune.get_context().get_trial_id()
     torch.set_num_threads(settings.threads)

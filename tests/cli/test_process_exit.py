@@ -140,3 +140,26 @@ def test_the_heap_is_collected_once_then_frozen_before_the_interpreter_finalizes
     lines = result.stdout.splitlines()
     assert lines[0] == "finalized"
     assert lines[1:] and set(lines[1:]) == {"final collection, heap frozen: True"}
+
+
+def test_loading_raises_the_collectors_threshold_and_loaded_freezes_once(tmp_path):
+    """While a process loads its libraries the collector runs a hundred times less often;
+    once loaded, the thresholds are back and what was loaded is frozen, the first time only
+    (a second trial in one worker must not freeze the first one's garbage)."""
+    result = _run("""
+        import gc
+        from service import startup
+
+        default = gc.get_threshold()
+        startup.loading()
+        print(gc.get_threshold()[0] == startup.LOADING_THRESHOLD, gc.get_threshold()[1:] == default[1:])
+        startup.loaded()
+        first = gc.get_freeze_count()
+        print(gc.get_threshold() == default, first > 0)
+        later = [[] for _ in range(10)]  # tracked objects a second freeze would take
+        startup.loading()
+        startup.loaded()
+        print(gc.get_threshold() == default, gc.get_freeze_count() == first)
+        """, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"] * 6
