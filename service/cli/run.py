@@ -19,6 +19,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from service import startup
 from service.cli.app import app, console, fail
 from service.errors import UserError
 from service.formatting import fmt_interval, fmt_number
@@ -147,6 +148,7 @@ def run_with_progress(config: RunConfig, console: Console, quiet: bool = False) 
         trainer = Trainer(config)
     except ValueError as e:  # e.g. --device cuda without CUDA
         raise UserError(str(e)) from None
+    startup.loaded()  # torch and the trainer: the collector back to its pace for the training
     if quiet:
         return trainer.run()
     columns = [
