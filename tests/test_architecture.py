@@ -15,7 +15,7 @@ MAX_LINES = 420
 
 # Lowest first: a package may import from its own layer's modules or from lower layers only.
 LAYERS: list[set[str]] = [
-    {"errors", "limits", "names", "formatting", "frozen", "yamlio", "endpoints"},
+    {"errors", "limits", "names", "formatting", "frozen", "yamlio", "endpoints", "startup"},
     {"native"},
     {"seeding"},
     {"units", "tasks"},

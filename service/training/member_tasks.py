@@ -81,7 +81,7 @@ class MemberTasks:
             ys = []
             for task in self.tasks:
                 tx, y = task.evaluation_sets()[name]
-                if not torch.equal(tx, x):
+                if tx is not x and not torch.equal(tx, x):
                     raise ValueError("the members of a pack must share their evaluation inputs")
                 ys.append(y if dtype == y.dtype else task.target(x.to(dtype)))
             y = ys[0] if len(ys) == 1 else torch.stack(ys)
