@@ -11,7 +11,8 @@ one H100/H200: >= 10 M seed·steps/s at S = 100, >= 20 M at S >= 1,000.
 path of ``--paths``, and per model the agreement: seeds with the same outcome (success or
 not) on both paths, and the engine's success rate against the torch path's 95% interval
 (NMU: the same outcome for >= 95% of the seeds). The torch path's outcomes can come from an
-earlier run (``--torch-json``).
+earlier run (``--torch-json``): this script's JSON, or a `benchmarks/reproduce.py` result,
+such as the committed ``benchmarks/reproduce_small_mul.json`` (100 seeds × 200,000 steps).
 
   python benchmarks/engine_throughput.py rate --device cuda --seeds 100,1000,10000 --seconds 3 --json out.json
   python benchmarks/engine_throughput.py outcomes --device cuda --task small_mul --seeds 100 --steps 50000 \\
@@ -121,10 +122,33 @@ def run_outcomes(args: argparse.Namespace, path: str) -> dict[str, dict]:
     return out
 
 
+def torch_reference(path: str, args: argparse.Namespace) -> dict[str, dict]:
+    """The torch path's outcomes per model from ``path``: an earlier ``--json`` of this script,
+    or a `benchmarks/reproduce.py` result of the same protocol, seeds and length (e.g. the
+    committed ``benchmarks/reproduce_small_mul.json``: 100 seeds × 200,000 steps on the CPU)."""
+    data = json.loads(Path(path).read_text())
+    if "paths" in data:
+        return data["paths"]["torch"]
+    got = (data.get("protocol"), data.get("seeds"), data.get("steps"))
+    if got != (args.task, args.seeds, args.steps):
+        raise SystemExit(f"--torch-json {path}: protocol {got[0]}, {got[1]} seeds × {got[2]} steps; this run is "
+                         f"{args.task}, {args.seeds} × {args.steps}")
+    symbol = reproduce.OP_SYMBOL[args.operation]
+    out = {}
+    for cell in data["cells"]:
+        if cell["status"] == "ok" and cell["row"]["op"] == symbol:
+            agg = cell["aggregate"]
+            out[cell["row"]["model"]] = {"success": [bool(s["success"]) for s in cell["seeds"]],
+                                         "successes": agg["successes"],
+                                         "ci": [agg["success_ci_low"], agg["success_ci_high"]],
+                                         "from": path}
+    return out
+
+
 def outcomes(args: argparse.Namespace) -> dict:
     paths = {p: run_outcomes(args, p) for p in args.paths.split(",")}
     if args.torch_json:
-        paths["torch"] = json.loads(Path(args.torch_json).read_text())["paths"]["torch"]
+        paths["torch"] = torch_reference(args.torch_json, args)
     checks = {}
     if "engine" in paths and "torch" in paths:
         for name, eng in paths["engine"].items():
@@ -161,7 +185,8 @@ def main() -> None:
     p.add_argument("--models", default="NMU,NAC•,Linear", help="outcomes: the protocol's model names")
     p.add_argument("--steps", type=int, default=50_000,
                    help="outcomes: steps (the protocol's regulariser warm-up scaled to them)")
-    p.add_argument("--torch-json", default=None, help="outcomes: the torch path's from an earlier --json")
+    p.add_argument("--torch-json", default=None, help="outcomes: the torch path's from an earlier --json, or from "
+                   "a benchmarks/reproduce.py result of the same protocol, seeds and steps")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -448,6 +448,31 @@ def engine_figures(out: str, scratch: Path) -> dict:
     return {"json": json.loads(path.read_text())} if path.exists() else {}
 
 
+def engine_outcomes(settings: Settings, scratch: Path) -> list[str] | str:
+    """The engine's `small_mul` outcomes, 100 seeds per covered model at the protocol's
+    200,000 steps, against the torch path's committed ones (CPU, the same initial weights and
+    batches): NMU the same outcome for >= 95 seeds, every rate inside the torch interval."""
+    script, reference = "benchmarks/engine_throughput.py", "benchmarks/reproduce_small_mul.json"
+    if not (ROOT / script).is_file() or "def torch_reference" not in (ROOT / script).read_text():
+        return f"absent ({script} reading a reproduce.py result)"
+    cmd = [settings.python, script, "outcomes", "--device", settings.device, "--task", "small_mul",
+           "--json", str(scratch / "outcomes.json")]
+    if settings.quick:
+        return cmd + ["--seeds", "2", "--steps", "20", "--models", "NMU", "--paths", "engine,torch"]
+    return cmd + ["--seeds", "100", "--steps", "200000", "--models", "NMU,NAC•,Linear", "--paths", "engine",
+                  "--torch-json", str(ROOT / reference)]
+
+
+def outcome_figures(out: str, scratch: Path) -> dict:
+    path = scratch / "outcomes.json"
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return {name: (f"{c['same_outcome']}/{c['of']} seeds the same outcome, engine rate "
+                   f"{'inside' if c['engine_rate_inside_torch_ci'] else 'OUTSIDE'} the torch interval: "
+                   f"{'ok' if c['ok'] else 'FAIL'}") for name, c in data.get("checks", {}).items()}
+
+
 TABLE1_SEED_STEPS = 7 * 4 * 100 * 5_000_000  # the NAU paper's Table 1: models × operations × seeds × steps
 
 
@@ -498,6 +523,9 @@ PARTS: list[Part] = [
     Part("engine_tests", "the device engine's tests (tests/engine/; each new kernel configuration JIT-compiles, ~5 s)", 300,
          engine_tests, junit),
     Part("engine_throughput", "benchmarks/engine_throughput.py rate: NAU → NMU at S = 100, 1,000, 10,000, engine and torch path", 150, engine_throughput, engine_figures),
+    Part("engine_outcomes", "benchmarks/engine_throughput.py outcomes: small_mul, 100 seeds × 200,000 steps of "
+         "NMU, NAC• and Linear on the engine against the torch path's committed outcomes "
+         "(benchmarks/reproduce_small_mul.json)", 150, engine_outcomes, outcome_figures),
     Part("table1_rate", "benchmarks/reproduce.py arithmetic --engine, 100 seeds × 20,000 steps: each model's four "
          "operations as one seed batch, the seven models side by side (--jobs 7); the projection to Table 1",
          240, table1_rate, table1_figures),

@@ -204,6 +204,16 @@ def test_the_table1_part_runs_on_the_cpu_and_projects(tmp_path):
     assert "Table 1 projected" in gpu_results.summary(part)
 
 
+@pytest.mark.slow  # ~20 s: two tiny trainings, one of them in Triton's interpreter
+def test_the_engine_outcomes_part_runs_on_the_cpu(tmp_path):
+    pytest.importorskip("triton")
+    out = tmp_path / "check.json"
+    assert gpu_check.main(["--device", "cpu", "--parts", "engine_outcomes", "--json", str(out)]) == 0
+    (part,) = json.loads(out.read_text())["parts"]
+    assert part["status"] == "passed", part
+    assert part["figures"] == {"NMU": "2/2 seeds the same outcome, engine rate inside the torch interval: ok"}
+
+
 def test_results_render_each_kind_of_part_as_a_table_row():
     report = {"machine": {"gpu": "NVIDIA H100 80GB HBM3", "driver": "580", "torch": "2.11.0+cu130",
                           "torch_cuda": "13.0", "commit": "0123456789abcdef"}, "wall_s": 400, "parts": [
