@@ -12,8 +12,8 @@ scanned the same objects again for 0.9 s at exit.
 still runs, a hundred times less often: the `nalu-sweep` command from its start, a trial
 worker around its imports), and `loaded` puts it back (a sweep's driver once Tune and the
 store are open, `nalu-sweep run` once its trainer is built, a trial once its code is
-imported) and freezes what was loaded (`gc.freeze`: later collections leave those objects alone; they are freed as usual
-when the process ends). `collect_then_freeze`, the `nalu-sweep` process's last exit handler,
+imported) and freezes what was loaded (`gc.freeze`: later collections leave those objects
+alone; they are freed as usual when the process ends). `collect_then_freeze`, the `nalu-sweep` process's last exit handler,
 runs one collection (the finalizers of everything unreachable) and freezes the rest before
 the interpreter's own finalization.
 """

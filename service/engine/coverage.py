@@ -1,8 +1,8 @@
 """Which runs the device engine trains: a pure check of the run configuration (no torch, no
 Triton), so a sweep can decide before it builds anything.
 
-Covered: the static tasks ``arithmetic`` (every operation, and packs mixing them) and ``small_mul`` on one
-interpolation interval; the papers' two-layer model ``I → 2 → 1`` with a first layer
+Covered: the static tasks ``arithmetic`` (every operation, and packs mixing them) and
+``small_mul`` on one interpolation interval; the papers' two-layer model ``I → 2 → 1`` with a first layer
 ``linear``, ``reg_linear``, ``nau`` or ``nac_add`` and a second of those or ``nmu`` or
 ``nac_mul``; Adam at a constant learning rate, the MSE loss, no clipping, no
 re-initialisation, per-seed batches, float32, a linear or constant λ(t) with no
@@ -19,6 +19,12 @@ if TYPE_CHECKING:
 OPERATION_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3, "squared": 4, "root": 5}
 """The engine's code of each arithmetic operation; `PER_SEED_OP` when a pack mixes them."""
 PER_SEED_OP = 6
+
+
+def operation_code(task) -> int:
+    """The engine's code of ``task``'s operation (``small_mul``, which has none: mul)."""
+    return OPERATION_CODES[getattr(task, "operation", "mul")]
+
 UNIT_CODES = {"linear": 0, "nau": 1, "nac_add": 2, "reg_linear": 3, "nmu": 4, "nac_mul": 5}
 """The engine's code of each unit it covers (`service.engine.kernels`)."""
 FIRST_LAYER = ("linear", "reg_linear", "nau", "nac_add")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 from torch import Tensor
 
-from service.engine.coverage import OPERATION_CODES, PER_SEED_OP, engine_gap, pack_gap
+from service.engine.coverage import PER_SEED_OP, engine_gap, operation_code, pack_gap
 from service.engine.layout import EngineState, from_trainer, padded_width, unit_codes, write_back
 
 if TYPE_CHECKING:
@@ -105,8 +105,7 @@ class Engine:
         self.consts = dict(
             B=B, I=I, IP=IP, JOIN=I % 4 == 0 and IP >= 16, RB=min(rows_per_chunk, max(1, 1 << (B - 1).bit_length())),
             TGT=1 if task.kind == "small_mul" else 0,
-            OP=(PER_SEED_OP if trainer.member_tasks.mixed
-                else OPERATION_CODES.get(getattr(task, "operation", "mul"), 2)),
+            OP=PER_SEED_OP if trainer.member_tasks.mixed else operation_code(task),
             A0=runs[0][0], A1=runs[0][1], B0=runs[1][0], B1=runs[1][1], U1=u1, U2=u2,
             REG=1 if trainer.schedule.shape == "constant" else 0,
         )

@@ -4,7 +4,7 @@ Per seed, in the layout of `service.engine.kernels`: ``l1 [S, 6, 2, IP]`` and ``
 (float32; per layer the raw parameters a (W, or Ŵ of a NAC) and b (M̂ of a NAC, else
 unused) and Adam's m and v of each), ``flags [S, 2]`` (alive, diverged_at), ``hyper [S, 8]``
 (λ_max, t_start, t_end − t_start, 1 − β1, β2, 1 − β2, ε as the trainer's float32 rows, and
-the seed's operation code, `OPERATION_CODES`),
+the seed's operation code, `operation_code`),
 ``opt_steps [S]`` and Adam's per-step factors ``table [G, L, 2]`` with each seed's group.
 
 Adam's factors are `BatchedOptimizer`'s own numbers: ``lr / (1 − β1^t)`` and ``√(1 − β2^t)``
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from service.engine.coverage import OPERATION_CODES, UNIT_CODES
+from service.engine.coverage import UNIT_CODES, operation_code
 from service.training.optimizers import bias_correction_table
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def from_trainer(trainer: "Trainer") -> EngineState:
         sched.lambda_max.float().cpu(), sched.t_start.float().cpu(), sched.span.float().cpu(),
         _f32_rows([1 - c.betas[0] for c in opts]), _f32_rows([c.betas[1] for c in opts]),
         _f32_rows([1 - c.betas[1] for c in opts]), _f32_rows([c.eps for c in opts]),
-        _f32_rows(trainer.settings.per_seed(lambda m: OPERATION_CODES.get(getattr(m.task, "operation", "mul"), 2))),
+        _f32_rows(trainer.settings.per_seed(lambda m: operation_code(m.task))),
     ], 1)
     table, group = adam_table(trainer)
     flags = torch.stack([trainer.alive.to(torch.int64), trainer.diverged_at], 1)

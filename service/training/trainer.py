@@ -96,10 +96,12 @@ class Trainer(Evaluation, CapturedSteps):
         self.optimizer = BatchedOptimizer(self.params, t.optimizer, self.settings.per_seed(lambda m: m.train.optimizer))
 
         self.data_keys = self._stream_keys("data")
-        # a shared batch: the rows of the members' first seeds, and each seed's member
-        self._batch_rows = [r.start for r in self.settings.slices]
-        self._seed_member = torch.tensor([i for i, r in enumerate(self.settings.slices)
-                                          for _ in range(r.start, r.stop)], device=self.device)
+        # a shared batch is each member's own, from its first seed's stream (keys taken once);
+        # in a pack of several, each seed then reads its member's batch
+        slices = self.settings.slices
+        self._shared_keys = self.data_keys[[r.start for r in slices]]
+        self._seed_member = (torch.tensor([i for i, r in enumerate(slices) for _ in range(r.start, r.stop)],
+                                          device=self.device) if len(slices) > 1 else None)
         self.noise_keys = self._stream_keys("noise")
         self.step_t = torch.zeros((), dtype=torch.int64, device=self.device)
         self.alive = torch.ones(self.num_seeds, dtype=torch.bool, device=self.device)
@@ -182,13 +184,12 @@ class Trainer(Evaluation, CapturedSteps):
         """
         t = self.config.train
         shape = (t.batch_size, self.task.input_size)
-        # a shared batch is each member's own: drawn from its first seed's stream
-        keys = self.data_keys[self._batch_rows] if t.shared_batch else self.data_keys
+        keys = self._shared_keys if t.shared_batch else self.data_keys
         runs = self.task.operand_runs() or ()
         x, sums = rng.sample(keys, step, shape, self.task.interpolation.intervals, runs,
                              out=self._batch_buffers(keys.shape[0], shape, len(runs)))
         tasks = self.member_tasks
-        if t.shared_batch and keys.shape[0] > 1:  # a pack: each seed its member's batch
+        if t.shared_batch and self._seed_member is not None:  # a pack: each seed its member's batch
             x, sums = x[self._seed_member], sums[self._seed_member]
         if self.dtype != x.dtype:  # float64: the float32 draw, its target computed in float64
             x = x.to(self.dtype)
