@@ -19,7 +19,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -30,8 +30,31 @@ from service.errors import UserError
 from service.scoring.metrics import AggregateMetrics, EvalHistory, SeedMetrics
 from service.training.result import RunResult
 
-if TYPE_CHECKING:
-    from service.training.trainer import Trainer
+
+class CheckpointedState(Protocol):
+    """What a checkpoint reads from and writes back into a `service.training.trainer.Trainer`
+    (a protocol, so this lower module does not import the trainer that uses it)."""
+
+    fingerprint: str
+    seed_ids: list[int]
+    num_seeds: int
+    device: torch.device
+    step: int
+    step_t: Tensor
+    model: torch.nn.Module
+    optimizer: Any
+    alive: Tensor
+    diverged_at: Tensor
+    best_loss: Tensor
+    last_improved: Tensor
+    best_interpolation_mse: Tensor
+    best_step: Tensor
+    best_sparsity_error: Tensor
+    reinit_counts: list[int]
+    _steps: list[int]
+    _interp: list[Tensor]
+    _extrap: dict[str, list[Tensor]]
+    _elapsed_before: float
 
 FORMAT = 5
 """Version of the payload layout; a checkpoint of another version is refused. 2: data and
@@ -275,7 +298,7 @@ def params_sha256(state: dict[str, Tensor]) -> str:
 
 
 # -- a trainer's state in and out ---------------------------------------------------------
-def take_checkpoint(self: "Trainer", elapsed_s: float = 0.0) -> TrainerCheckpoint:
+def take_checkpoint(self: CheckpointedState, elapsed_s: float = 0.0) -> TrainerCheckpoint:
     """A frozen copy (on the CPU) of everything the next step depends on; taken after an
     evaluation, a run resumed from it continues with that step's re-initialisation check
     and training step, exactly as the uninterrupted run does."""
@@ -305,7 +328,7 @@ def take_checkpoint(self: "Trainer", elapsed_s: float = 0.0) -> TrainerCheckpoin
     )
 
 @torch.no_grad()
-def restore_checkpoint(self: "Trainer", ckpt: TrainerCheckpoint) -> None:
+def restore_checkpoint(self: CheckpointedState, ckpt: TrainerCheckpoint) -> None:
     """Continue from ``ckpt`` (written by this configuration; device and compile mode
     may differ)."""
     if ckpt.config_fingerprint != self.fingerprint:

@@ -62,6 +62,10 @@ class RecurrentTrainer(Trainer):
 
     task: SequenceTask
 
+    @classmethod
+    def trains(cls, config: RunConfig) -> bool:
+        return bool(getattr(config.task, "recurrent", False))
+
     def __init__(self, config: RunConfig) -> None:
         super().__init__(config)
         self.schedule, self.z_schedule = recurrent_schedules(config)

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from service.config import RunConfig
 from service.tasks import SequenceTask
-from service.training.model import BatchedModel
+from service.training.batched_model import BatchedModel
 from service.units.base import ForwardContext, Unit
 from service.units.recurrent import cell_input_width, is_stateful, unroll, z_regularizer
 from service.units.registry import build_unit, get_unit

@@ -63,12 +63,16 @@ class Trainer(Evaluation, CapturedSteps):
     """Trains ``config.seeds`` seeds of one configuration as one batched computation."""
 
     def __new__(cls, config: RunConfig, *args, **kwargs):
-        """A recurrent task's trainer is a `RecurrentTrainer` (``Trainer(config)`` either way)."""
-        if cls is Trainer and getattr(config.task, "recurrent", False):
-            from service.training.recurrent import RecurrentTrainer
-
-            return super().__new__(RecurrentTrainer)
+        """The subclass that claims the task (a recurrent task's `RecurrentTrainer`, which
+        the `service.training` package imports), else a `Trainer`: ``Trainer(config)`` either way."""
+        if cls is Trainer:
+            cls = next((sub for sub in Trainer.__subclasses__() if sub.trains(config)), cls)
         return super().__new__(cls)
+
+    @classmethod
+    def trains(cls, config: RunConfig) -> bool:
+        """Whether this subclass is the trainer of ``config``'s task."""
+        return False
 
     def __init__(self, config: RunConfig, *, members: Sequence[RunConfig] | None = None) -> None:
         """Train ``config``'s seeds; or, with ``members`` (configurations of one structure,
