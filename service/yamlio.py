@@ -116,13 +116,18 @@ def load_yaml(path: str | Path, error: type[UserError] = UserError) -> Any:
     return parse_yaml(read_text(path, error), str(path), error)
 
 
-def load_mapping(path: str | Path, error: type[UserError] = UserError, empty_ok: bool = True) -> dict[str, Any]:
-    """A YAML file whose top level is a mapping (``{}`` for an empty file when allowed)."""
+def empty_file(path: str | Path, error: type[UserError] = UserError) -> UserError:
+    """The one message for a file with nothing in it (0 bytes, or only blank lines and
+    comments): every verb refuses it rather than running on its defaults."""
+    return error(f"{path}: the file is empty (nothing but whitespace or comments)")
+
+
+def load_mapping(path: str | Path, error: type[UserError] = UserError) -> dict[str, Any]:
+    """A YAML file whose top level is a mapping; an empty file is an error (`empty_file`):
+    running on the defaults instead of the settings a user meant to give is a silent mistake."""
     data = load_yaml(path, error)
-    if data is None and empty_ok:
-        return {}
     if data is None:
-        raise error(f"{path}: the file is empty")
+        raise empty_file(path, error)
     if not isinstance(data, dict):
         raise error(f"{path}: the top level must be a mapping (key: value), not {type(data).__name__}")
     return data

@@ -106,6 +106,9 @@ def compare(
     try:
         require_sweep_name(name1, "NAME1")
         require_sweep_name(name2, "NAME2")
+        if name1 == name2:  # its rows would only be printed twice
+            raise UserError(f"compare needs two different sweeps, not {name1!r} twice; "
+                            f"one sweep's best settings: nalu-sweep best {name1}")
         uri = tracking_uri_of(tracking_uri, must_exist=True)
         require_sweeps(uri, name1, name2)
         from service.tracking.queries import load_sweep, validated_metrics

@@ -86,14 +86,20 @@ def success_cell(metrics: dict[str, float]) -> str:
     return text
 
 
-def print_wide(renderable) -> None:
-    """Tables at full width when the output is a file or pipe (no terminal to fit)."""
-    if console.is_terminal:
-        console.print(renderable)
+def print_wide(renderable, out=None) -> None:
+    """A table on ``out`` (default: the verbs' console). In a terminal it fits the width;
+    into a file or pipe there is no width to fit, so it is printed at its natural width:
+    no cell, header or row is wrapped, and each line can be searched or copied whole."""
+    from rich.measure import Measurement
+
+    out = out or console
+    if out.is_terminal:
+        out.print(renderable)
         return
-    width = console.width
-    console.width = max(width, 200)
+    natural = Measurement.get(out, out.options.update_width(1_000_000), renderable).maximum
+    width = out.width
+    out.width = max(width, natural)
     try:
-        console.print(renderable)
+        out.print(renderable)
     finally:
-        console.width = width
+        out.width = width

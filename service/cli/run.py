@@ -21,6 +21,7 @@ from rich.table import Table
 
 from service import startup
 from service.cli.app import app, console, fail
+from service.cli.common import print_wide
 from service.errors import UserError
 from service.formatting import fmt_interval, fmt_number
 
@@ -191,7 +192,8 @@ def describe_schedule(s: RegularizerSchedule) -> str:
 
 
 def print_run_result(result: RunResult, console: Console) -> None:
-    """One configuration's outcome as a two-column table (readable in any terminal width)."""
+    """One configuration's outcome as a two-column table (readable in any terminal width;
+    never wrapped into a file or pipe: `service.cli.common.print_wide`)."""
     a = result.aggregate
     cfg = result.config
     units = " → ".join(layer.unit for layer in cfg.layers())
@@ -214,7 +216,7 @@ def print_run_result(result: RunResult, console: Console) -> None:
     for name, thr in result.thresholds.items():
         table.add_row(f"{name} MSE (median) / threshold",
                       f"{fmt_number(a.extrapolation_mse_median.get(name))} / {thr:.3g}")
-    console.print(table)
+    print_wide(table, console)
     if getattr(cfg.task, "recurrent", False):
         print_length_table(result, console)
     rate = cfg.train.steps * a.n_seeds / max(result.elapsed_s, 1e-9)
@@ -235,6 +237,6 @@ def print_length_table(result: RunResult, console: Console) -> None:
         label = "read-out (per-step MSE)" if row.length is None else str(row.length)
         table.add_row(label, f"{row.successes}/{row.n_seeds} [{row.ci_low:.0%}, {row.ci_high:.0%}]",
                       fmt_number(row.mse_median), f"{row.threshold:.3g}")
-    console.print(table)
+    print_wide(table, console)
     values, median = longest_solved_summary(task, result.seeds)
     console.print(f"longest length solved: median {fmt_number(median, '.0f')} (per seed: {values})")

@@ -262,7 +262,7 @@ def best(
         console.print(f"sweep {name}: no finished trial yet ({c['running']} running, {c['pruned']} pruned, "
                       f"{c['failed']} failed)")
         return
-    console.print(winner_table(view, include_pruned, validated))
+    print_wide(winner_table(view, include_pruned, validated))
     print_wide(best_table(view, top, include_pruned, width=console.width if console.is_terminal else None,
                           validated=validated))
     decision.print_sweep_links(uri, view, report=decision.has_report(view), validations=validations)

@@ -34,7 +34,7 @@ from service.search.space import (
     UniformParam,
 )
 from service.search.targets import TargetError, run_config_data, searched_values
-from service.yamlio import load_yaml
+from service.yamlio import empty_file, load_yaml
 
 
 def _config_problems(space: SearchSpace) -> list[tuple[str, str]]:
@@ -264,6 +264,6 @@ def load_space(path: str | Path) -> SearchSpace:
     path = Path(path)
     data = load_yaml(path, SearchSpaceError)
     if data is None:
-        raise SearchSpaceError(f"{path}: the file is empty")
+        raise empty_file(path, SearchSpaceError)
     return parse_space(data, source=str(path))
 

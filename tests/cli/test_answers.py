@@ -147,6 +147,62 @@ def test_best_and_status_show_the_validation_beside_the_search(validated_store):
         assert "validation [95% CI]" in status.output and "30/32 [0.79, 0.99]" in status.output, status.output
 
 
+
+# -- tables that survive a pipe (`nalu-sweep best NAME | cat`: no width to fit, nothing wrapped) -------------
+def _piped(args: list[str], cwd) -> str:
+    """The verb's stdout as a process whose stdout is a plain pipe gets it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.run([sys.executable, "-m", "service", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def _table_lines(text: str) -> list[tuple[list[str], list[str]]]:
+    """Each table's header lines and body lines (a table without a header has none)."""
+    tables, header, body, part = [], [], [], None
+    for line in text.splitlines():
+        if line.startswith(("┏", "┌")):
+            header, body = [], []
+            part = header if line.startswith("┏") else body
+        elif line.startswith(("┡", "├")):
+            part = body
+        elif line.startswith("└"):
+            tables.append((header, body))
+            part = None
+        elif part is not None:
+            part.append(line)
+    return tables
+
+
+def _assert_unwrapped(text: str, rows: list[int]) -> None:
+    """One header line per table and one line per row (a wrapped cell adds a line whose
+    first cell is blank)."""
+    tables = _table_lines(text)
+    assert [len(body) for _, body in tables] == rows, text
+    for header, body in tables:
+        assert len(header) <= 1, "\n".join(header)  # a header cell wrapped onto a second line
+        for line in body:
+            assert line.split("│")[1].strip(), line  # a row continued on a second line
+
+
+def test_best_and_status_into_a_pipe_are_not_wrapped(validated_store):
+    root, _, _, _ = validated_store
+    # the validation and outcome columns make the ranking over 200 columns wide
+    text = _piped(["best", "bench", "--include-pruned"], root)
+    assert max(len(line) for line in text.splitlines() if line.startswith("│")) > 200
+    _assert_unwrapped(text, rows=[11, 7])  # the winner, one line per item; the ranking
+    _assert_unwrapped(_piped(["status", "bench"], root), rows=[1, 8])
+
+
+@pytest.mark.slow
+def test_run_into_a_pipe_is_not_wrapped(tmp_path):
+    text = _piped(["run", "--units", "nau,nmu", "--seeds", "2", "--steps", "100", "--eval-every", "50",
+                   "--quiet", "--output", str(tmp_path / "r.json")], tmp_path)
+    assert max(len(line) for line in text.splitlines() if line.startswith("│")) > 80
+    _assert_unwrapped(text, rows=[8])
+
+
 def test_the_links_name_views_that_answer():
     from service.tracking.links import artifact_url, compare_runs_url, runs_table_url, view_state
 

@@ -30,6 +30,14 @@ def test_an_unknown_sweep_names_the_existing_ones(bench_store, monkeypatch, args
     assert "did you mean 'bench'? sweeps: bench, other" in lines[0], result.output
 
 
+def test_compare_refuses_the_same_sweep_twice(bench_store, monkeypatch):
+    monkeypatch.chdir(bench_store)
+    result = runner.invoke(app, ["compare", "bench", "bench"])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == ("error: compare needs two different sweeps, not 'bench' twice; "
+                                     "one sweep's best settings: nalu-sweep best bench"), result.output
+
+
 @pytest.mark.parametrize("args,expected", [
     (["best"], "error: Missing argument 'name'. See `nalu-sweep best --help`."),
     (["best", "x", "--top", "0"], "error: Invalid value for '--top'"),
