@@ -212,6 +212,10 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
             # waits half a second for log lines first
             if (started_ray or joined_ray) and not options.keep_ray:
                 stop_ray()
+            from service.tracking.spool import left_over_note  # what this store's journals still hold
+
+            if (kept := left_over_note(options.tracking_uri)) is not None:
+                console.print(kept, style="yellow", highlight=False, markup=False)
 
 
 def _prepare(options: SweepOptions, exp_path: str) -> tuple[Any, Any]:

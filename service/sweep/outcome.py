@@ -103,6 +103,7 @@ def record_end(client: Any, options: SweepOptions, experiment_id: str, parent_ru
     from service.tracking.spool import patience_s
 
     def record() -> tuple[dict[str, int], float | None, str]:
+        runs.send_left_over_writes(client, experiment_id, parent_run_id)  # stopped trials' journals first
         settle_trial_runs(client, experiment_id, parent_run_id, trials, complete=outcome == Outcome.COMPLETED)
         rows = trial_rows(client, experiment_id, parent_run_id)
         counts, best = tally(rows)

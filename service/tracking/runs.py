@@ -116,6 +116,20 @@ def close_stale_trial_runs(client: Any, experiment_id: str, parent_run_id: str,
     return closed
 
 
+def send_left_over_writes(client: Any, experiment_id: str, parent_run_id: str) -> list[str]:
+    """Send the writes this machine's spool still holds for the parent's trial runs (a trial
+    Tune stopped can be killed while its outbox drains: `spool.send_left_over`), before the
+    sweep's end closes those runs from Tune's view: the run then holds the trial's own last
+    points and close, and its journal is removed. Returns the run ids sent."""
+    from service.tracking.spool import journalled_runs, send_left_over
+
+    journalled = journalled_runs()
+    if not journalled:
+        return []
+    mine = [r.info.run_id for r in trial_runs(client, experiment_id, parent_run_id) if r.info.run_id in journalled]
+    return send_left_over(client, mine)
+
+
 def settle_trial_run(client: Any, run_id: str, outcome: str, metrics: dict[str, float] | None = None,
                      step: int = 0) -> None:
     """Close a child run on the trial's behalf (its process was stopped before it could),

@@ -14,6 +14,14 @@ which holds its MLflow client.
 Replay is safe against the one write whose acknowledgement was lost: a metric point keeps
 the timestamp it was journalled with, and MLflow's SQL stores (SQLite, PostgreSQL) ignore
 a point equal to one already stored; params, tags, artifacts and the status overwrite.
+An upload (`upload`: the command, a resume, a sweep's end) goes further and leaves out
+every point whose metric and step the run holds already, whatever its timestamp: the
+sweep's driver logs a stopped trial's last result itself when it closes the run for it.
+
+A trial that Tune stops (pruned) may be killed while its outbox drains; its journal stays.
+The sweep's driver sends such journals of its trials before it closes their runs
+(`send_left_over`) and names, at its end, any of its store's journals still kept
+(`left_over_note`).
 
 `Outbox.close` waits for the journal to drain, up to ``$NALU_SWEEP_TRACKING_PATIENCE_S``
 seconds (default 600); if the server is still away then, the journal is kept and the
@@ -26,6 +34,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -34,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.tracking import store
 from service.tracking.store import is_transient
 
 log = logging.getLogger("nalu_sweep.tracking")
@@ -103,7 +113,7 @@ class Outbox:
     an earlier process journalled (sent or not; None if none)."""
 
     def __init__(self, client: Any, run_id: str, tracking_uri: str = "", root: Path | None = None,
-                 backoff_s: tuple[float, float] | None = None) -> None:
+                 backoff_s: tuple[float, float] | None = None, skip_stored: bool = False) -> None:
         self.client = client
         self.run_id = run_id
         self.directory = (root or spool_root()) / run_id
@@ -123,14 +133,15 @@ class Outbox:
         self._busy = False
         self._stop = False
         self.journalled_step: int | None = None
-        self.replayed_points = self._load()
+        self.replayed_points = self._load(skip_stored)
         self._file = self.journal.open("a", encoding="utf-8")
         self._thread = threading.Thread(target=self._send_loop, name=f"outbox-{run_id[:8]}", daemon=True)
         self._thread.start()
 
     # -- the journal ----------------------------------------------------------------------------
-    def _load(self) -> int:
-        """Queue the entries an earlier process journalled but never got acknowledged."""
+    def _load(self, skip_stored: bool = False) -> int:
+        """Queue the entries an earlier process journalled but never got acknowledged (with
+        ``skip_stored``, less the metric points the store holds already: `_drop_stored`)."""
         if not self.journal.exists():
             return 0
         entries: dict[int, Entry] = {}
@@ -150,12 +161,31 @@ class Outbox:
                         self.journalled_step = max(step, self.journalled_step or step)
         self._seq = max([done, *entries])
         pending = [entries[s] for s in sorted(entries) if s > done]
+        if skip_stored:
+            self._drop_stored(pending)
         self._queue.extend(pending)
         points = sum(len(e.data) for e in pending if e.op == "metrics")
         if pending:
             log.warning("run %s: replaying %d tracking writes (%d metric points) left unsent in %s",
                         self.run_id, len(pending), points, self.journal)
         return points
+
+    def _drop_stored(self, pending: list[Entry]) -> None:
+        """Leave out of ``pending`` each metric point whose (key, step) the run holds already
+        or an earlier entry sends: a point stored without its acknowledgement, or one the
+        sweep's driver logged, with its own timestamp, when it closed a stopped trial's run.
+        Asks the store (an `MlflowClient`) for the history of each key once."""
+        keys = {p[0] for e in pending if e.op == "metrics" for p in e.data}
+        seen = {(k, m.step) for k in sorted(keys) for m in self.client.get_metric_history(self.run_id, k)}
+        for entry in pending:
+            if entry.op != "metrics":
+                continue
+            kept = []
+            for point in entry.data:
+                if (point[0], int(point[3])) not in seen:
+                    seen.add((point[0], int(point[3])))
+                    kept.append(point)
+            entry.data = kept
 
     def _append(self, item: dict[str, Any]) -> None:
         if self._file.closed:  # closed with writes left: the journal already says so
@@ -323,17 +353,79 @@ def _short(e: BaseException) -> str:
     return text if len(text) < 300 else text[:300] + "…"
 
 
-def upload(directory: Path, tracking_uri: str | None = None, timeout_s: float | None = None) -> bool:
-    """Send what a run's spool ``directory`` still holds (the server recorded in it unless
-    ``tracking_uri`` is given); True when everything arrived (the spool is then deleted)."""
-    from service.tracking import store
+def recorded_uri(directory: Path) -> str | None:
+    """The tracking URI a run's spool ``directory`` was written for (None if not recorded)."""
+    try:
+        return json.loads((directory / META).read_text()).get("tracking_uri")
+    except (OSError, ValueError, AttributeError):
+        return None
 
-    meta = json.loads((directory / META).read_text()) if (directory / META).exists() else {}
-    uri = tracking_uri or meta.get("tracking_uri")
-    if not uri:
+
+def upload(directory: Path, tracking_uri: str | None = None, timeout_s: float | None = None,
+           client: Any = None) -> bool:
+    """Send what a run's spool ``directory`` still holds (the server recorded in it unless
+    ``tracking_uri`` is given; with ``client``, an `MlflowClient` of it), leaving out the
+    metric points the run holds already (`Outbox._drop_stored`); True when everything
+    arrived (the spool is then deleted)."""
+    uri = tracking_uri or recorded_uri(directory)
+    if not uri and client is None:
         raise ValueError(f"{directory}: no tracking URI recorded; pass --tracking-uri")
-    outbox = Outbox(store.client(uri), directory.name, uri, root=directory.parent)
+    try:
+        outbox = Outbox(client or store.client(uri), directory.name, uri or "", root=directory.parent,
+                        skip_stored=True)
+    except Exception as e:  # noqa: BLE001 - sorted below: only an absent store keeps the journal quietly
+        if not is_transient(e):
+            raise
+        log.error("run %s: the tracking store did not answer (%s); the writes stay in %s", directory.name,
+                  _short(e), directory)
+        return False
     return outbox.close(timeout_s)
+
+
+def journalled_runs(root: Path | None = None) -> set[str]:
+    """The run ids with a journal in the spool ``root`` (default `spool_root`) on this machine."""
+    try:
+        return {p.name for p in (root or spool_root()).iterdir() if (p / JOURNAL).is_file()}
+    except OSError:
+        return set()
+
+
+def send_left_over(client: Any, run_ids: list[str], timeout_s: float = 30.0) -> list[str]:
+    """Send, with ``client`` (the sweep driver's `MlflowClient`), the journals this machine's
+    spool holds for ``run_ids`` (trials Tune stopped while their outboxes drained), each
+    removed once all of it arrived; returns the run ids sent. Stops at the first journal
+    that does not drain in ``timeout_s`` (the store is away: the rest waits too)."""
+    sent = []
+    for run_id in run_ids:
+        directory = spool_root() / run_id
+        if not (directory / JOURNAL).is_file():
+            continue
+        try:
+            if not upload(directory, timeout_s=timeout_s, client=client):
+                break
+        except Exception as e:  # noqa: BLE001 - a journal that cannot be sent stays, and is named at the end
+            log.warning("run %s: could not send the writes left in %s (%s)", run_id, directory, _short(e))
+            continue
+        sent.append(run_id)
+    return sent
+
+
+def left_over(tracking_uri: str, root: Path | None = None) -> list[Path]:
+    """The run spools under ``root`` (default `spool_root`) still holding writes for ``tracking_uri``."""
+    root = root or spool_root()
+    return sorted(root / run_id for run_id in journalled_runs(root) if recorded_uri(root / run_id) == tracking_uri)
+
+
+def left_over_note(tracking_uri: str, root: Path | None = None) -> str | None:
+    """One line naming the journals still kept for ``tracking_uri`` and the command that
+    uploads them (None when there are none): what a sweep says last."""
+    kept = left_over(tracking_uri, root)
+    if not kept:
+        return None
+    where = kept[0] if len(kept) == 1 else (root or spool_root())
+    runs_text = f"run {kept[0].name}" if len(kept) == 1 else f"{len(kept)} runs"
+    return (f"tracking writes of {runs_text} did not reach MLflow and are kept in {where}: "
+            f"upload them with '{UPLOAD_HINT} {where}' once the store answers")
 
 
 def replay_left_over(run_id: str, tracking_uri: str, timeout_s: float = 60.0) -> bool:
@@ -368,11 +460,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     target = args.directory or spool_root()
+    if not target.is_dir():
+        print(f"error: {target} is not a spool directory (nothing to upload)", file=sys.stderr)
+        return 2
     dirs = [target] if (target / JOURNAL).exists() else sorted(p for p in target.iterdir() if (p / JOURNAL).exists())
     failed = 0
     for directory in dirs:
-        ok = upload(directory, args.tracking_uri, args.timeout)
-        print(f"{directory.name}: {'uploaded' if ok else 'NOT uploaded (kept)'}")
+        try:
+            ok, why = upload(directory, args.tracking_uri, args.timeout), ""
+        except Exception as e:  # noqa: BLE001 - e.g. an unknown run, or a store that is away: this one stays
+            ok, why = False, f": {_short(e)}"
+        print(f"{directory.name}: {'uploaded' if ok else 'NOT uploaded (kept)'}{why}")
         failed += not ok
     return 1 if failed else 0
 

@@ -104,10 +104,18 @@ def artifact_root(tracking_uri: str) -> str | None:
     return None
 
 
+# MLflow's documented switch for the "🏃 View run … / 🧪 View experiment …" lines it prints
+# to stdout each time a run of a tracking server ends (`mlflow.environment_variables`)
+QUIET_RUN_LINKS_VAR = "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"
+
+
 def client(tracking_uri: str):
-    """An `MlflowClient` bound to ``tracking_uri`` (no global MLflow state is touched)."""
+    """An `MlflowClient` bound to ``tracking_uri`` (no global MLflow state is touched).
+    MLflow's own run links stay out of the output (the sweep prints its own links; a
+    sweep's trials would print two lines each), unless the environment says otherwise."""
     from mlflow.tracking import MlflowClient
 
+    os.environ.setdefault(QUIET_RUN_LINKS_VAR, "true")
     return MlflowClient(tracking_uri=tracking_uri)
 
 
