@@ -46,6 +46,34 @@ def test_a_range_needs_its_prerequisites_where_it_counts():
         per_seed_metrics(history, thresholds, np.zeros(3), np.zeros(3, bool), prerequisites={"readout": ("x",)})
 
 
+
+@pytest.mark.parametrize("operation", ["sum", "prod"])
+def test_each_threshold_is_the_references_mean_plus_its_99_percent_margin(operation, tmp_path, monkeypatch):
+    """docs/metrics-sequence.md: a threshold is the reference's mean squared error plus a
+    one-sided 99% upper bound on that mean, ``mean + 2.326·sd/√N``. Without the margin a
+    seed as good as the reference fails about half its draws; with it doubled a worse cell
+    passes. "Thresholds rise with length" tells neither from the right one: the margin
+    itself is checked here, against the reference's errors recomputed."""
+    from service.tasks import parse_task
+    from service.tasks.sequence import _thresholds_cached
+
+    # computed here, not read from a cache an earlier version of the code wrote
+    monkeypatch.setenv("NALU_SWEEP_CACHE_DIR", str(tmp_path))
+    _thresholds_cached.cache_clear()
+
+    task = parse_task({"kind": "sequence_arithmetic", "operation": operation, "eval_samples": 100})
+    thresholds = task.success_thresholds()
+    test = task.sequence_sets()["test"]
+    cell = task.cell_reference_errors(test).numpy()
+    errors = {**{name: cell[:, j] for j, name in enumerate(test.lengths)},
+              "readout": task.readout_reference_errors(test).numpy()[:, 0]}
+    assert set(errors) == set(thresholds)
+    z99 = 2.3263478740408408  # the standard normal's 0.99 quantile
+    for name, e in errors.items():
+        margin = z99 * e.std(ddof=1) / np.sqrt(e.size)
+        assert margin > 0, name
+        assert thresholds[name] - e.mean() == pytest.approx(margin, rel=1e-3), name
+
 @torch.no_grad()
 def _digit_trainer() -> Trainer:
     """Three seeds of the digit sum with hand-set weights: 0 a read-out less biased but
