@@ -99,10 +99,13 @@ def test_a_packed_sweep_records_each_member_as_its_own_trial(ray_address, tmp_pa
 
 @pytest.mark.slow
 def test_asha_prunes_one_member_of_a_pack_and_the_others_go_on(ray_address, tmp_path, sweep_checks):
-    """One pack of 4 under ASHA (rungs at 1 and 4 of 8 reports, η = 4): the first member
-    always passes the first rung, and a member below its cutoff stops there."""
+    """One pack of 4 under ASHA with a grace period of 3 evaluations (η = 4, 8 reports:
+    one rung, at report 3): the first member always passes it, a member below its cutoff
+    stops there, and none stops before it (a grace period ignored would put rungs at
+    reports 1 and 4)."""
+    grace = 3 * EVAL_EVERY
     space = _space("packed-asha", pack=4, concurrency=1, scheduler={
-        "type": "asha", "grace_period": EVAL_EVERY, "reduction_factor": 4})
+        "type": "asha", "grace_period": grace, "reduction_factor": 4})
     summary, client, children = _sweep(space, tmp_path, optuna_storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     assert summary.outcome == "completed", summary
     outcomes = {int(c.data.tags[store.TAG_PACK_INDEX]): c for c in children}
@@ -118,7 +121,7 @@ def test_asha_prunes_one_member_of_a_pack_and_the_others_go_on(ray_address, tmp_
         steps = [m.step for m in client.get_metric_history(child.info.run_id, "objective")]
         if child in pruned:
             assert trial.state == States.PRUNED and child.info.status == "FINISHED"
-            assert steps[-1] < STEPS and store.TAG_PARAMS_SHA256 not in child.data.tags
+            assert steps[-1] == grace and store.TAG_PARAMS_SHA256 not in child.data.tags  # at the rung
         else:
             assert trial.state == States.COMPLETE and steps[-1] == STEPS
             # its pack-mates stopping did not change one bit of its training
