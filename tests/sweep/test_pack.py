@@ -127,6 +127,36 @@ def test_a_pack_resumed_from_its_checkpoint_ends_as_an_uninterrupted_one(tmp_pat
         PackState.load(tmp_path, [m.configs for m in resumed[:2]])
 
 
+
+def test_a_pack_resumed_in_a_later_task_after_a_member_was_pruned(tmp_path):
+    """Two tasks; the first member stops at the first report, and the pack is checkpointed
+    and crashes in the second task, where its trainer holds only the two others. Each
+    checkpoint is its member's (its place in the pack, not among the members still
+    training): the pack resumes and both end as they do alone."""
+    space = _space(task=None, tasks={"near": TASK, "far": {**TASK, "extrapolation": {"far": "U[2,20]"}}})
+
+    class Crash(Exception):
+        pass
+
+    def report_checkpoint(metrics, state):
+        state.save(tmp_path)
+        if metrics[STEP] >= 300:  # the second task's first checkpoint (steps 200-400)
+            raise Crash
+
+    with pytest.raises(Crash):
+        run_pack(_members(space), space, lambda r: None, judge=lambda it, v: [10] if it == 1 else [],
+                 report_checkpoint=report_checkpoint)
+    resumed = _members(space)
+    state = PackState.load(tmp_path, [m.configs for m in resumed])
+    assert state.states == [PRUNED, "running", "running"] and (state.task_index, state.step) == (1, 300)
+    assert state.members[0] is None and all(state.members[i].trainer is not None for i in (1, 2))
+    reports = []
+    run_pack(resumed, space, reports.append, resume=state, report_checkpoint=lambda m, s: reports.append(m))
+    assert [r[STEP] for r in reports] == [350, 400]
+    assert [m.state for m in resumed] == [PRUNED, DONE, DONE]
+    for m in resumed[1:]:
+        assert m.tracker.tags[TAG_PARAMS_SHA256] == params_digest(_alone(space, m).results)
+
 def _searcher(space, url, planned):
     searcher = PackedOptunaSearch(pack=space.pack, planned=planned, space=DefineByRun(space), metric="objective",
                                   mode="max", sampler=make_sampler(space), study_name="s",
