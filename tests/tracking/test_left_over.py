@@ -147,3 +147,39 @@ def test_uploading_to_a_server_prints_no_mlflow_run_links(mlflow_server, tmp_pat
     assert f"{run_id}: uploaded" in done.stdout
     assert "View run" not in done.stdout + done.stderr and "View experiment" not in done.stdout + done.stderr
     assert client.get_run(run_id).info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_sweep_leaves_no_journal_it_could_send_and_names_the_one_it_could_not(ray_address, tmp_path, away):
+    """A real sweep whose ASHA prunes a trial (its worker is ended while its journal drains)
+    leaves no journal of its own runs, and ends by naming a journal of its store that it
+    cannot send (one kept while the server was away, of a run that is not its own)."""
+    from typer.testing import CliRunner
+
+    from service.cli import app
+
+    uri = store.resolve_tracking_uri(None)  # the sweep's SQLite store in this test's directory
+    client = store.client(uri)
+    other = client.create_run(store.ensure_experiment(client, "elsewhere", uri)).info.run_id
+    kept = spool.Outbox(away, other, uri, root=spool.spool_root(), backoff_s=(0.05, 0.2))
+    kept.log_metrics(_report(0))
+    assert not kept.close(timeout_s=0.5)
+
+    smoke = str(REPO / "search_spaces" / "smoke.yaml")
+    result = CliRunner().invoke(app, ["sweep", smoke, "--trials", "4", "--name", "left-over-e2e"])
+    assert result.exit_code == 0, result.output
+    assert f"tracking writes of run {other} did not reach MLflow and are kept in {spool.spool_root() / other}" \
+        in result.output
+    assert f"{spool.UPLOAD_HINT} {spool.spool_root() / other}" in result.output
+
+    experiment = client.get_experiment_by_name("left-over-e2e")
+    parent = runs.find_sweep_run(client, experiment.experiment_id, "left-over-e2e")
+    trials = runs.trial_runs(client, experiment.experiment_id, parent.info.run_id)
+    assert "pruned" in {t.data.tags[store.TAG_OUTCOME] for t in trials}
+    assert not {t.info.run_id for t in trials} & spool.journalled_runs()
+    for trial in trials:
+        for key in trial.data.metrics:
+            steps = [m.step for m in client.get_metric_history(trial.info.run_id, key)]
+            assert len(steps) == len(set(steps)), (trial.info.run_name, key)
+    assert spool.upload(spool.spool_root() / other)  # the named journal uploads, then goes
+    assert spool.left_over_note(uri) is None
