@@ -82,6 +82,31 @@ def test_best_fits_a_narrow_terminal(bench_store, monkeypatch, width):
     assert "optimizer" in text and "success [95% CI]" in text
 
 
+def test_best_ranks_the_most_robust_first(bench_store, monkeypatch):
+    """The winner and the ranking's first row are the completed trial of the highest
+    objective, and the rows follow the objective down, as MLflow itself records them."""
+    import re
+
+    from mlflow.tracking import MlflowClient
+
+    from service.tracking import store
+
+    monkeypatch.chdir(bench_store)
+    client = MlflowClient(store.default_tracking_uri(bench_store))
+    experiment = client.get_experiment_by_name("bench")
+    completed = client.search_runs([experiment.experiment_id],
+                                   f"tags.`{store.TAG_ROLE}` = '{store.ROLE_TRIAL}' AND "
+                                   f"tags.`{store.TAG_OUTCOME}` = 'completed'")
+    by_objective = sorted(completed, key=lambda r: r.data.metrics["objective"], reverse=True)
+    expected = ["trial-" + r.data.tags[store.TAG_TRIAL_KEY] for r in by_objective]
+    assert len(expected) >= 3 and len({r.data.metrics["objective"] for r in completed}) == len(expected)
+
+    result = runner.invoke(app, ["best", "bench"])
+    assert result.exit_code == 0, result.output
+    assert f"most robust setting of bench: {expected[0]}" in result.output, result.output
+    shown = re.findall(r"^│ *(\d+) *│ *(trial-\S+) *│", result.output, re.M)
+    assert shown == [(str(i), name) for i, name in enumerate(expected, 1)], result.output
+
 def test_best_drops_a_column_no_row_has_a_value_in(bench_store, monkeypatch):
     from service.cli.tables import best_table
     from service.tracking.queries import load_sweep
