@@ -75,6 +75,20 @@ def test_nothing_points_to_the_projects_private_files():
         assert "SPEC.md" not in text and "shared folder" not in text and "../shared" not in text, path
 
 
+def test_every_search_space_named_in_the_docs_and_the_deployment_exists():
+    """A copied example command must find its file (the Slurm script once named a
+    ``search_spaces/nalu_mul.yaml`` that never existed)."""
+    sources = [ROOT / "README.md", ROOT / "Dockerfile", ROOT / "docker-compose.yml", *DOCS.rglob("*.md"),
+               *(p for p in (ROOT / "deploy").rglob("*") if p.is_file())]
+    named = {}
+    for path in sources:
+        if path.is_file():
+            for name in re.findall(r"search_spaces/([\w.-]+\.ya?ml)", path.read_text(errors="replace")):
+                named.setdefault(name, path.relative_to(ROOT))
+    assert "smoke.yaml" in named  # the pattern finds what it should
+    missing = {name: str(path) for name, path in named.items() if not (ROOT / "search_spaces" / name).is_file()}
+    assert not missing, missing
+
 def test_the_measured_figures_come_from_the_benchmarks_files(tmp_path):
     results = _load("gen_results")
     assert "No benchmark" in results.results_markdown(tmp_path)
