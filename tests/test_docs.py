@@ -89,6 +89,24 @@ def test_every_search_space_named_in_the_docs_and_the_deployment_exists():
     missing = {name: str(path) for name, path in named.items() if not (ROOT / "search_spaces" / name).is_file()}
     assert not missing, missing
 
+@pytest.mark.slow  # a real sweep (~20 s here), then the page's snippet on its Tune directory
+def test_the_tune_results_snippet_reads_a_real_sweep(tmp_path):
+    """docs/ray.md's "Tune's own results" code, word for word, on a sweep named smoke: the
+    directory it names resolves, and `Tuner.restore` accepts the trainable it says."""
+    section = (DOCS / "ray.md").read_text().split("## Tune's own results", 1)[1].split("\n## ", 1)[0]
+    snippet = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    sweep = subprocess.run([sys.executable, "-m", "service", "sweep", str(ROOT / "search_spaces" / "smoke.yaml"),
+                            "--trials", "2", "--seeds", "2", "--steps", "100", "--eval-every", "50"],
+                           cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert sweep.returncode == 0, sweep.stdout[-2000:] + sweep.stderr[-2000:]
+    proc = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tables = [line for line in proc.stdout.splitlines() if "config/lr" in line]
+    assert len(tables) == 2 and all("objective" in line for line in tables), proc.stdout  # both readers'
+    rows = re.findall(r"^\d+ +[0-9.e+-]+ +[0-9.e+-]+ +\d+\.0$", proc.stdout, re.M)
+    assert len(rows) == 4, proc.stdout  # each of the two trials, in both
+
 def test_the_measured_figures_come_from_the_benchmarks_files(tmp_path):
     results = _load("gen_results")
     assert "No benchmark" in results.results_markdown(tmp_path)
