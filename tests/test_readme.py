@@ -28,11 +28,16 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert test_command.strip() in (ROOT / ".ci" / "run").read_text()
 
 
-def test_readme_tells_cpu_only_machines_how_to_get_the_cpu_wheel():
-    commands = re.findall(r"```bash\n(.*?)\n```", README, re.S)
-    cpu = next((c for c in commands if "download.pytorch.org/whl/cpu" in c), None)
-    assert cpu is not None, "no CPU-wheel install command in the README"
-    assert cpu.index("pip install torch") < cpu.index("pip install -e .")  # torch first
+@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_the_cpu_wheel_comes_before_the_package(page):
+    """A reader follows the commands in order: the CPU-only wheel must come before the
+    first ``pip install -e .``, or that install has already pulled the CUDA build."""
+    text = (ROOT / page).read_text()
+    commands = "\n".join(re.findall(r"```bash\n(.*?)\n```", text, re.S))
+    cpu = re.search(r"^pip install torch\S* --index-url https://download\.pytorch\.org/whl/cpu", commands, re.M)
+    assert cpu is not None, f"no CPU-wheel install command in {page}"
+    assert cpu.start() < commands.index("pip install -e ."), page
+    assert commands.index("python3 -m venv .venv") < cpu.start(), page  # into the venv
 
 
 def test_what_the_commands_write_is_git_ignored(tmp_path):
@@ -69,6 +74,8 @@ def test_the_readme_is_a_front_page():
     assert len(lines) <= 250, len(lines)
     assert not re.search(r"\b(at|since|against) commit `?[0-9a-f]{7}", README)  # history is git's
     assert "Sweep overhead" not in README
+    assert not re.search(r"\|\s*[0-9a-f]{7}\s*\|", README)  # no commits as table columns
+    assert not re.search(r"\d\s*→\s*\d", README) and not re.search(r"\bnow come\b", README)  # no before/after
     links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", README)
     assert any(link.startswith("docs/") for link in links)
     for link in links:
@@ -76,7 +83,15 @@ def test_the_readme_is_a_front_page():
             assert (ROOT / link).is_file(), link
 
 
-@pytest.mark.parametrize("page", ["README.md", "docs/getting-started.md"])
+def test_the_readme_describes_the_answer_without_figures_that_go_stale():
+    """The quick start's answer changes with the code and the run: the README says what it
+    holds and leaves the example, with its counts, to Getting started."""
+    assert not re.search(r"^Verdict: ", README, re.M)
+    assert not re.search(r"\d+/\d+ seeds|\d+ of \d+ seeds|trial-[0-9a-f]{8}", README)
+    assert "docs/getting-started.md" in README
+
+
+@pytest.mark.parametrize("page", ["docs/getting-started.md"])
 def test_the_readme_verdict_follows_the_rule(page):
     """The verdict example is what the code would print for its own counts: each interval
     is the Wilson interval of k/n rounded outwards, and the verdict is the rule's for the
