@@ -40,7 +40,7 @@ from service.sweep.cluster import (
     stop_ray,
 )
 from service.sweep.logged_params import task_params
-from service.sweep.outcome import record_end, tune_trials
+from service.sweep.outcome import finished_reports, record_end, tune_trials
 from service.sweep.rungs import release_board
 from service.sweep.study_sync import TrialRecords
 from service.sweep.trainable import TrialSettings, make_trainable
@@ -108,13 +108,16 @@ def _trial_name(trial: Any) -> str:
 
 
 def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: TrialRecords):
+    """A new Tune experiment; for a resumed sweep that Tune never snapshotted (its driver
+    was killed before the first snapshot) its searcher first picks up the study and the
+    runs the interrupted driver left (`ResumableOptunaSearch.resume_study`)."""
     from ray import tune
-    from ray.tune.logger import JsonLoggerCallback
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
     from service.sweep.display import LiveProgress
     from service.sweep.metrics import SweepMetrics
     from service.sweep.pack_search import PackedOptunaSearch, rung_spec
+    from service.sweep.result_log import result_logger
     from service.sweep.searcher import (
         ResumableOptunaSearch,
         make_sampler,
@@ -140,6 +143,8 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
     else:
         searcher = ResumableOptunaSearch(**args)
         scheduler = FIFOScheduler()
+    if options.resume:
+        searcher.resume_study()
     resources = {"cpu": space.resources.cpus, "gpu": space.resources.gpus}
     return tune.Tuner(
         tune.with_resources(trainable, resources),
@@ -156,10 +161,11 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
             # names (with a retention, Tune forces a snapshot each `num_to_keep` checkpoints,
             # warns that it does so too often, and a resume after a crash may name one deleted)
             checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
-            # the terminal's progress board; Tune's JSON logger (each trial's result.json, which
-            # `tune.ExperimentAnalysis` and `Tuner.restore(...).get_results()` read; its CSV and
-            # TensorBoard loggers stay off); the sweep's figures as Ray metrics (Prometheus)
-            callbacks=[LiveProgress(options.name), JsonLoggerCallback(),
+            # the terminal's progress board; each trial's result.json, which
+            # `tune.ExperimentAnalysis` and `Tuner.restore(...).get_results()` read, written where
+            # a killed driver cannot leave it behind (`result_log`; Tune's CSV and TensorBoard
+            # loggers stay off); the sweep's figures as Ray metrics (Prometheus)
+            callbacks=[LiveProgress(options.name), result_logger(options.storage_path),
                        SweepMetrics(options.name, space.seeds, space.steps * len(space.task_configs()))],
         ),
     )
@@ -195,14 +201,14 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
             started_ray = init_ray(options.address, options.verbose,
                                    say=lambda line: console.print(line, highlight=False))
             joined_ray = not started_ray and not already
-            client, parent = prepared.result()
+            client, parent, snapshot = prepared.result()
             startup.loaded()  # Tune, MLflow and its store: loaded for the rest of the sweep
             if tracking is not None:
                 tracking.use(client)
             _check_parent(space, options, parent, exp_path)
             check_resources(space)
             summary = _run(space, options, console, client, parent, exp_path,
-                           str(announcement) if tracking is not None else None)
+                           str(announcement) if tracking is not None else None, restore=snapshot)
             summary.ray_left_running = started_ray and options.keep_ray
             summary.ray_connected = joined_ray and options.keep_ray
             return summary
@@ -218,12 +224,13 @@ def run_sweep(space: SearchSpace, options: SweepOptions, console: Console | None
                 console.print(kept, style="yellow", highlight=False, markup=False)
 
 
-def _prepare(options: SweepOptions, exp_path: str) -> tuple[Any, Any]:
+def _prepare(options: SweepOptions, exp_path: str) -> tuple[Any, Any, bool]:
     """What `run_sweep` does while Ray starts, in this order on one thread (two threads
     importing libraries that share dependencies could each see the other's modules half
     loaded): Ray Tune imported; a new sweep's Tune
     experiment and Optuna study do not exist yet (a resumed one's does); then the MLflow
-    client and the sweep's parent run (`_open_store`)."""
+    client and the sweep's parent run (`_open_store`), and whether Tune has a snapshot of
+    the experiment to restore (`_snapshotted`)."""
     from ray import tune
 
     from service.sweep.searcher import check_study
@@ -236,7 +243,21 @@ def _prepare(options: SweepOptions, exp_path: str) -> tuple[Any, Any]:
     if not options.resume and restorable:
         raise UserError(_exists(options, exp_path))
     check_study(options)
-    return _open_store(options)
+    return (*_open_store(options), options.resume and _snapshotted(exp_path))
+
+
+def _snapshotted(exp_path: str) -> bool:
+    """Whether Tune saved the experiment's state (its trials and searcher) at least once. A
+    driver killed before Tune's first snapshot leaves an experiment that `Tuner.restore`
+    cannot resume (it logs a traceback and runs a sweep of one trial): the resume starts
+    the Tune experiment over instead, the Optuna study and MLflow runs kept."""
+    from ray.tune import ExperimentAnalysis
+
+    try:
+        ExperimentAnalysis(exp_path)
+    except Exception:  # noqa: BLE001 - Tune's answer for "no experiment state here" is a ValueError
+        return False
+    return True
 
 
 def _open_store(options: SweepOptions) -> tuple[Any, Any]:
@@ -271,7 +292,7 @@ def _check_parent(space: SearchSpace, options: SweepOptions, parent: Any, exp_pa
 
 
 def _run(space: SearchSpace, options: SweepOptions, console: Console, client: Any, parent: Any,
-         exp_path: str, announcement: str | None = None) -> SweepSummary:
+         exp_path: str, announcement: str | None = None, restore: bool = False) -> SweepSummary:
     from ray import tune
 
     experiment_id = store.ensure_experiment(client, options.name, options.tracking_uri)
@@ -299,6 +320,8 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
         tracking_uri=options.tracking_uri, experiment_id=experiment_id, parent_run_id=parent_run_id,
         threads=max(1, int(space.resources.cpus)) if space.resources.gpus == 0 else 1,
         announcement=announcement,
+        replay=finished_reports(client, experiment_id, parent_run_id, space.steps * len(space.task_configs()))
+        if options.resume and space.pack == 1 else {},
     )
     from service.sweep.display import SweepBoard, register_board, unregister_board
 
@@ -309,7 +332,7 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
     grid = None
     try:
         trainable = make_trainable(settings)
-        if options.resume:
+        if restore:
             tuner = tune.Tuner.restore(exp_path, trainable=tune.with_resources(
                 trainable, {"cpu": space.resources.cpus, "gpu": space.resources.gpus}),
                 resume_unfinished=True, resume_errored=True)

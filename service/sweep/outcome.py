@@ -11,6 +11,7 @@ from service.errors import UserError
 from service.formatting import redact
 from service.sweep.results import (
     DONE, PACK_MEMBERS, PRUNED, STATE, STEP, is_metric_key, member_key, member_results, stopped_early,
+    trial_key,
 )
 from service.tracking import runs, store
 from service.tracking.best import record_best
@@ -33,8 +34,10 @@ def tune_trials(grid: Any, board: SweepBoard, total_steps: int) -> dict[str, Tun
     """Every trial of the (possibly restored) Tune experiment, by trial id: the board's view
     for trials run by this process, the result grid's for those finished before a restart."""
     out: dict[str, TuneTrial] = {}
+    keys: dict[str, str] = {}  # Tune trial id -> the key of its run, where another (`trial_key`)
     for result in grid or []:
         trial_id = Path(str(result.path)).name.removeprefix("trial-")
+        keys[trial_id] = trial_key(trial_id, result.config)
         metrics = dict(result.metrics or {})
         if PACK_MEMBERS in (result.config or {}):
             out.update(pack_trials(trial_id, len(result.config[PACK_MEMBERS]), metrics, result.error is not None))
@@ -43,10 +46,11 @@ def tune_trials(grid: Any, board: SweepBoard, total_steps: int) -> dict[str, Tun
             state = "failed"
         else:
             state = "pruned" if stopped_early(metrics, total_steps) else "done"
-        out[trial_id] = TuneTrial(state, metrics)
+        out[keys[trial_id]] = TuneTrial(state, metrics)
     for trial_id, line in board.trials.items():
+        key = keys.get(trial_id, trial_id)
         if line.state != "pending":
-            out[trial_id] = TuneTrial(line.state, dict(line.last_result) or out.get(trial_id, TuneTrial("", {})).last_result)
+            out[key] = TuneTrial(line.state, dict(line.last_result) or out.get(key, TuneTrial("", {})).last_result)
     return out
 
 
@@ -60,6 +64,31 @@ def pack_trials(trial_id: str, size: int, metrics: dict[str, Any], error: bool) 
         shown = members.get(index, {})
         state = {DONE: "done", PRUNED: "pruned"}.get(shown.get(STATE), "failed" if error else "pruned")
         out[member_key(trial_id, index)] = TuneTrial(state, shown)
+    return out
+
+
+def finished_reports(client: Any, experiment_id: str, parent_run_id: str, total_steps: int) -> dict[int, dict[str, float]]:
+    """``{Optuna trial number: last report}`` of the trial runs closed as completed or pruned
+    (a resumed sweep's `TrialSettings.replay`): the run's last metrics, at its last step (a
+    completed run's is the trial's end). Tune's last snapshot may hold such a trial as still
+    running (it finished after the snapshot): Tune then gets this report back instead of a
+    second training, which could end otherwise (ASHA's rungs are restored older too) than
+    the run and the study already say."""
+    from service.scoring.objective import OBJECTIVE
+
+    out = {}
+    for run in runs.trial_runs(client, experiment_id, parent_run_id):
+        tags = run.data.tags
+        outcome, number = tags.get(store.TAG_OUTCOME), tags.get(store.TAG_OPTUNA_TRIAL, "")
+        if run.info.status != "FINISHED" or outcome not in (Outcome.COMPLETED, Outcome.PRUNED) or not number.isdigit():
+            continue
+        step = total_steps
+        if outcome == Outcome.PRUNED:
+            history = store.retry(lambda run=run: client.get_metric_history(run.info.run_id, OBJECTIVE))
+            step = max((int(m.step) for m in history), default=0)
+        metrics = {k: float(v) for k, v in run.data.metrics.items() if is_metric_key(k)}
+        if OBJECTIVE in metrics:
+            out[int(number)] = {**metrics, STEP: float(step)}
     return out
 
 

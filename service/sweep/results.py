@@ -35,6 +35,10 @@ RUN_CONFIGS = "__run_configs__"
 """Key of a Tune trial's config that holds its ``{task: RunConfig}``, built in the driver."""
 OPTUNA_TRIAL = "__optuna_trial__"
 """Key of a Tune trial's config that holds its Optuna trial number (tagged on its run)."""
+TRIAL_KEY = "__trial_key__"
+"""Key of a Tune trial's config that names the MLflow run it continues (the trial key of a
+trial an interrupted driver started after Tune's last snapshot: `service.sweep.searcher`);
+absent, the run is keyed by the Tune trial's own id."""
 PACK_MEMBERS = "__pack__"
 """Key of a pack's Tune config: its members, ``[{number, params, RUN_CONFIGS}]``."""
 MEMBERS = "members"
@@ -42,6 +46,11 @@ MEMBERS = "members"
 (flat, as Tune flattens results for its searcher)."""
 STATE = "state"
 RUNNING, PRUNED, DONE = "running", "pruned", "done"
+
+
+def trial_key(trial_id: str, config: dict[str, Any] | None) -> str:
+    """The trial key of a lone Tune trial's MLflow run (``TRIAL_KEY``, else its own id)."""
+    return str((config or {}).get(TRIAL_KEY) or trial_id)
 
 
 def member_key(trial_id: str, index: int) -> str:

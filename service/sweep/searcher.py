@@ -13,8 +13,12 @@ Tune saves its trials and the searcher together, every few seconds; a driver kil
 between leaves the Optuna study (in a database: ``--optuna-storage``) a little ahead of
 that snapshot:
 
-- a trial asked just before the kill is RUNNING in the study but unknown to the restored
-  searcher: nothing will ever finish it, so `fail_abandoned_trials` marks it FAIL;
+- a trial asked just before the kill is RUNNING in the study (in a database) or only in
+  its MLflow run, tagged with its number (an in-memory study restored from the snapshot),
+  and unknown to the restored searcher: it is run again, with the same setting, under the
+  same Optuna trial and MLflow run (`study_sync.reopen_trials`), as the next trials Tune
+  asks for; and once the study holds the planned number of trials the searcher tells Tune
+  it is finished, so a resumed sweep trains exactly its plan, each setting once;
 - a trial that finished just before the kill is COMPLETE in the study but still running in
   Tune's snapshot: Tune runs it again from its checkpoint, and its reports and final
   ``tell`` hit a finished Optuna trial (`optuna.exceptions.UpdateFinishedTrialError`).
@@ -36,8 +40,18 @@ from ray.tune.search.optuna import OptunaSearch
 
 from service.errors import UserError
 from service.formatting import redact
-from service.sweep.results import OPTUNA_TRIAL, RUN_CONFIGS, stopped_early
-from service.sweep.study_sync import TrialRecords, completed_run, settle_told_runs, sync_study, tell_run
+from service.sweep import kill_points
+from service.sweep.results import OPTUNA_TRIAL, RUN_CONFIGS, TRIAL_KEY, stopped_early
+from service.sweep.study_sync import (
+    TrialRecords,
+    completed_run,
+    extend_study,
+    reopen_trials,
+    settle_told_runs,
+    sync_study,
+    tell_run,
+    unfinished_runs,
+)
 
 if TYPE_CHECKING:
     from service.search.space import SearchSpace
@@ -74,14 +88,30 @@ class ResumableOptunaSearch(OptunaSearch):
         self._synced: list[int] = []  # results read back from MLflow on restore
         self._restored = False  # restored from Tune's snapshot (a resumed sweep)
         self._settled: list[int] = []  # runs closed as the study had their trials on restore
+        self._reopened: list[tuple[Any, str | None]] = []  # (trial, its run's key) to run again
+        self._keys: dict[str, str] = {}  # Tune trial id -> the key of the run it reopens
 
-    def suggest(self, trial_id: str) -> dict | None:
+    def suggest(self, trial_id: str) -> dict | str | None:
         from service.search.assign import active_params, run_configs
 
-        config = super().suggest(trial_id)
         space = getattr(self._space, "space", None)
+        trials = self._ot_study.get_trials(deepcopy=False)
+        if not trials:
+            kill_points.reached("before_trials")
+        if trial_id not in self._ot_trials:
+            reopened = getattr(self, "_reopened", None)
+            if reopened:
+                self._ot_trials[trial_id], key = reopened.pop(0)
+                if key:
+                    self._keys[trial_id] = key
+            elif space is not None and len(trials) >= space.trials:
+                return self.FINISHED  # the plan is in the study (some trials finished after Tune's snapshot)
+        config = super().suggest(trial_id)
+        kill_points.reached("trial_started")
         if isinstance(config, dict) and trial_id in self._ot_trials:
             config = {**config, OPTUNA_TRIAL: self._ot_trials[trial_id].number}
+        if isinstance(config, dict) and trial_id in getattr(self, "_keys", {}):
+            config = {**config, TRIAL_KEY: self._keys[trial_id]}
         if isinstance(config, dict) and space is not None:
             params = active_params(space, {k: v for k, v in config.items() if k in space.params})
             try:
@@ -93,23 +123,43 @@ class ResumableOptunaSearch(OptunaSearch):
     def live_numbers(self) -> list[int]:
         """The Optuna trials this searcher will finish (the rest of the RUNNING ones were
         abandoned by a driver that died)."""
-        return [t.number for t in self._ot_trials.values()]
+        return [t.number for t in self._ot_trials.values()] + [t.number for t, _ in getattr(self, "_reopened", [])]
 
     def restore(self, checkpoint_path: str) -> None:
         super().restore(checkpoint_path)
+        self.resume_study()
+
+    def resume_study(self) -> None:
+        """Make the study agree with MLflow and with the trials Tune will run, for a resumed
+        sweep: after `restore` from Tune's snapshot, or, for a sweep killed before Tune's
+        first snapshot, on the study as the interrupted driver left it."""
         records, space = getattr(self, "_records", None), getattr(self._space, "space", None)
-        self._synced, self._settled, self._restored = [], [], True
+        self._synced, self._settled, self._reopened, self._restored = [], [], [], True
+        self._keys = getattr(self, "_keys", {})
         if records is not None and space is not None:
             try:
-                self._synced = sync_study(self._ot_study, records, space)
+                lone = getattr(self, "_pack", 1) == 1  # a pack's members are re-asked by their pack
+                extended = extend_study(self._ot_study, records, space) if lone else []
+                self._synced = extended + sync_study(self._ot_study, records, space)
                 self._settled = settle_told_runs(self._ot_study, records, space)
+                if lone:
+                    self._reopened = self._reopen(records)
             except Exception as e:  # noqa: BLE001 - the store checked out a moment ago; the sweep goes on
                 logger.warning("could not read the trial runs back from MLflow (%s); a trial that finished "
                                "there just before the interruption is marked FAIL in the Optuna study", e)
+        if space is not None:
+            self._ot_study.sampler = make_sampler(space, asked=len(self._ot_study.get_trials(deepcopy=False)))
         failed = fail_abandoned_trials(self._ot_study, self.live_numbers())
         if failed:
             logger.warning("Optuna trial(s) %s were started by the interrupted driver after Tune's "
                            "last snapshot; marked FAIL", failed)
+
+    def _reopen(self, records: TrialRecords) -> list[tuple[Any, str | None]]:
+        """The trials to run again (`study_sync.reopen_trials`), before any new one."""
+        from service.tracking import store
+
+        live = set(self.live_numbers())
+        return reopen_trials(self._ot_study, unfinished_runs(store.client(records.tracking_uri), records, live), live)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         from optuna.exceptions import UpdateFinishedTrialError
@@ -120,6 +170,10 @@ class ResumableOptunaSearch(OptunaSearch):
             pass  # finished before the driver died: the study keeps its first result
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        self._complete(trial_id, result, error)
+        kill_points.reached("trial_finished")
+
+    def _complete(self, trial_id: str, result: dict | None, error: bool) -> None:
         ot_trial = self._ot_trials.get(trial_id)
         if ot_trial is not None and self._frozen(ot_trial).state.is_finished():
             self._completed_trials.add(trial_id)  # told before the driver died
@@ -185,11 +239,14 @@ class ResumableOptunaSearch(OptunaSearch):
         self._completed_trials.add(trial_id)
 
 
-def make_sampler(space: SearchSpace):
-    """The seeded Optuna sampler named by the space (TPE by default)."""
+def make_sampler(space: SearchSpace, asked: int = 0):
+    """The seeded Optuna sampler named by the space (TPE by default). ``asked``: the trials
+    the study holds already, for a resumed sweep's sampler: one restored from Tune's snapshot
+    would replay its random stream from there and propose again the settings the interrupted
+    driver asked after the snapshot, so its seed moves on by ``asked`` instead."""
     import optuna
 
-    seed = space.sampler.seed
+    seed = space.sampler.seed if space.sampler.seed is None or not asked else space.sampler.seed + asked
     if space.sampler.type == "grid":
         return optuna.samplers.GridSampler(space.grid(), seed=seed)
     if space.sampler.type == "random":

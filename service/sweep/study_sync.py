@@ -174,6 +174,70 @@ def tell_finished(study: Any, finished: list[FinishedRun], space: SearchSpace) -
     return told, added
 
 
+@dataclass(frozen=True)
+class UnfinishedRun:
+    """A trial run the interruption left unfinished (open, or closed as interrupted)."""
+
+    run_id: str
+    number: int  # its Optuna trial number
+    trial_key: str  # its `TAG_TRIAL_KEY`: a re-run of its trial reopens it by this key
+    params: dict[str, str]  # as logged (strings)
+
+
+def unfinished_runs(client: Any, records: TrialRecords, skip: set[int]) -> list[UnfinishedRun]:
+    """The sweep's trial runs left open or closed as interrupted whose Optuna trial number
+    is not in ``skip`` (the trials Tune's snapshot knows: Tune runs those again itself), by
+    number."""
+    out = []
+    for run in runs.trial_runs(client, records.experiment_id, records.parent_run_id):
+        tags = run.data.tags
+        number = tags.get(store.TAG_OPTUNA_TRIAL, "")
+        unfinished = run.info.status in ("RUNNING", "SCHEDULED") or tags.get(store.TAG_OUTCOME) == Outcome.INTERRUPTED
+        if unfinished and number.isdigit() and int(number) not in skip:
+            out.append(UnfinishedRun(run.info.run_id, int(number), tags.get(store.TAG_TRIAL_KEY, ""),
+                                     dict(run.data.params)))
+    return sorted(out, key=lambda r: r.number)
+
+
+def reopen_trials(study: Any, unfinished: list[UnfinishedRun], live: set[int]) -> list[tuple[Any, str | None]]:
+    """The study's RUNNING trials an interrupted driver asked and Tune's snapshot does not
+    hold (not in ``live``), as ``(trial, the key of its run or None)``, to be run again with
+    the same setting, under the same number and run."""
+    import optuna
+
+    keys = {r.number: r.trial_key for r in unfinished}
+    return [(optuna.trial.Trial(study, t._trial_id), keys.get(t.number)) for t in study.get_trials(deepcopy=False)
+            if t.state == optuna.trial.TrialState.RUNNING and t.number not in live]
+
+
+def extend_study(study: Any, records: TrialRecords, space: SearchSpace) -> list[int]:
+    """Give an in-memory study restored from Tune's snapshot the trials asked after it, in
+    the order of their runs' numbers: a finished run's result is added, an unfinished run's
+    setting is asked again (RUNNING, for `reopen_trials`); a number that moved (a trial
+    asked without a run) is tagged on its run. Returns the numbers of the finished ones."""
+    client = store.client(records.tracking_uri)
+    known = len(study.get_trials(deepcopy=False))
+    finished = {r.number: r for r in finished_runs(client, records, space, lambda n: n >= known)}
+    unfinished = {r.number: r for r in unfinished_runs(client, records, set(range(known)))}
+    told = []
+    for number in sorted({*finished, *unfinished}):
+        if number in finished:
+            run_id = finished[number].run_id
+            _add(study, finished[number], space)
+            told.append(len(study.get_trials(deepcopy=False)) - 1)
+        else:
+            run_id = unfinished[number].run_id
+            study.enqueue_trial(typed_params(space, unfinished[number].params), skip_if_exists=False)
+            study.ask()
+        now = len(study.get_trials(deepcopy=False)) - 1
+        if now != number:
+            store.retry(lambda run_id=run_id, now=now: client.set_tag(run_id, store.TAG_OPTUNA_TRIAL, str(now)))
+    if told:
+        logger.warning("Optuna trial(s) %s finished in MLflow before the interrupted driver could tell the study; "
+                       "told it now from their runs", told)
+    return told
+
+
 def sync_study(study: Any, records: TrialRecords, space: SearchSpace) -> list[int]:
     """`tell_finished` with the runs of ``records`` whose trials the study is missing; a
     trial added under a new number has its run's tag updated to it. Returns the Optuna

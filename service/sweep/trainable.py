@@ -4,7 +4,7 @@ from its latest checkpoint, train, and close the run with the right outcome; or,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from service import startup
@@ -20,6 +20,7 @@ from service.sweep.results import (
     RUN_CONFIGS,
     RUNNING,
     member_key,
+    trial_key,
 )
 from service.sweep.rungs import SweepGone, board_judge
 from service.tracking import helper, plot_server, runs, store
@@ -48,6 +49,9 @@ class TrialSettings:
     # the driver's `helper.announced` file: where it answers this trial's tracking calls itself
     # (`driver_tracking`, a sweep on this machine); None where the worker uses its own helper
     announcement: str | None = None
+    # a resumed sweep's trials whose runs finished before the interruption, by Optuna trial
+    # number: their last report (`finished_reports`), replayed instead of training again
+    replay: dict[int, dict[str, float]] = field(default_factory=dict)
 
 
 def make_trainable(settings: TrialSettings):
@@ -116,13 +120,18 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
 
     context = tune.get_context()
     trial_id = context.get_trial_id()  # read first: stopping may interrupt anything later
+    number = config.get(OPTUNA_TRIAL)
+    if number in settings.replay:
+        # finished before the driver died, after Tune's last snapshot (which restored it as
+        # running): its run and the Optuna study hold its result; Tune gets its last report
+        tune.report(dict(settings.replay[number]))
+        return
     torch.set_num_threads(settings.threads)
     plot_server.start()  # matplotlib loads in its own process while the trial trains
     space = SearchSpace.model_validate(settings.space)  # checked in full by the driver
     params = active_params(space, {k: v for k, v in config.items() if k in space.params})
     configs = config.get(RUN_CONFIGS) or _buildable_configs(space, params)
-    number = config.get(OPTUNA_TRIAL)
-    tracker = _open_run(settings, space, trial_id, params, configs,
+    tracker = _open_run(settings, space, trial_key(trial_id, config), params, configs,
                         {store.TAG_OPTUNA_TRIAL: str(number)} if number is not None else None)
     progress = TrialProgress()
     outcome = Outcome.FAILED

@@ -22,6 +22,7 @@ from service.errors import UserError, error_message
 from service.scoring.combine import combine_tasks
 from service.search.assign import active_params, run_configs, typed_params
 from service.search.space import SearchSpace
+from service.sweep import kill_points
 from service.sweep.cluster import init_ray, stop_ray
 from service.sweep.trial import log_trial_artifacts
 from service.tracking import runs, store
@@ -171,6 +172,7 @@ def validate_sweep(tracking_uri: str, name: str, top: int, seeds: int, extra_ran
         remote = ray.remote(num_cpus=space.resources.cpus, num_gpus=space.resources.gpus)(_train_remote)
         refs = [remote.remote(configs, cpus)
                 for _, configs in jobs]
+        kill_points.reached("validation")
         results = ray.get(refs)
     finally:
         if started_ray or not already:  # stopped if started here, else disconnected (`run_sweep`)

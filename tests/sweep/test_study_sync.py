@@ -111,12 +111,18 @@ def test_a_study_in_a_database_is_told_what_mlflow_has(tmp_path):
     after = _searcher(records, url)
     after.restore(str(tmp_path / "searcher.pkl"))
     study = optuna.load_study(study_name="sync", storage=url)
-    assert [t.state for t in study.trials] == [States.RUNNING, States.COMPLETE, States.FAIL, States.PRUNED]
+    # 2, interrupted, is run again (not FAIL): the next trial Tune asks for, same setting
+    assert [t.state for t in study.trials] == [States.RUNNING, States.COMPLETE, States.RUNNING, States.PRUNED]
     assert study.trials[1].value == pytest.approx(0.4)
     assert study.trials[1].intermediate_values == pytest.approx({i: i * 0.05 for i in range(1, 9)})
     assert study.trials[3].intermediate_values == pytest.approx({1: 0.1, 2: 0.2})
     assert study.trials[3].params["lr"] == pytest.approx(d["lr"])
     assert after._synced == [1, 3]
+    again = after.suggest("e")
+    assert again[OPTUNA_TRIAL] == 2 and again["lr"] == pytest.approx(c["lr"]) and again["optimizer"] == c["optimizer"]
+    # then new trials up to the plan (6), however few Tune's snapshot knew of
+    assert [after.suggest(t)[OPTUNA_TRIAL] for t in ("f", "g")] == [4, 5]
+    assert after.suggest("h") == after.FINISHED
 
     # Tune runs trial 1 again from its checkpoint: the study keeps what MLflow had
     after.on_trial_result("b", {OBJECTIVE: 0.9, "training_iteration": 8})
@@ -126,8 +132,8 @@ def test_a_study_in_a_database_is_told_what_mlflow_has(tmp_path):
 
 def test_an_in_memory_study_gets_the_trials_it_never_had(tmp_path):
     """Without --optuna-storage the study restored with Tune's snapshot has never heard of
-    the trials asked after it: a finished one is added under the next free number, and its
-    run's tag follows, so no later trial shares it."""
+    the trials asked after it: they are added in their runs' order (a finished one with its
+    result, an interrupted one to be run again), so no later trial shares a number."""
     client, records = _records(tmp_path)
     before = _searcher(records, None)
     before.suggest("a")
@@ -139,17 +145,21 @@ def test_an_in_memory_study_gets_the_trials_it_never_had(tmp_path):
     after = _searcher(records, None)
     after.restore(str(tmp_path / "searcher.pkl"))
     study = after._ot_study
-    assert [t.state for t in study.trials] == [States.RUNNING, States.PRUNED]
-    assert study.trials[1].params == {"lr": pytest.approx(d["lr"]), "optimizer": d["optimizer"]}
-    assert study.trials[1].intermediate_values == pytest.approx({1: 0.1, 2: 0.2})
-    assert client.get_run(run_d).data.tags[store.TAG_OPTUNA_TRIAL] == "1"
-    assert after.suggest("e")[OPTUNA_TRIAL] == 2
+    # in the order of their numbers: c, interrupted, asked again with its setting (RUNNING, run
+    # again as the next trial Tune asks for); d added with its result; both keep their numbers
+    assert [t.state for t in study.trials] == [States.RUNNING, States.RUNNING, States.PRUNED]
+    assert study.trials[2].params == {"lr": pytest.approx(d["lr"]), "optimizer": d["optimizer"]}
+    assert study.trials[2].intermediate_values == pytest.approx({1: 0.1, 2: 0.2})
+    assert client.get_run(run_d).data.tags[store.TAG_OPTUNA_TRIAL] == "2"
+    e = after.suggest("e")
+    assert e[OPTUNA_TRIAL] == 1 and e["lr"] == pytest.approx(c["lr"]) and e["optimizer"] == c["optimizer"]
+    assert after.suggest("f")[OPTUNA_TRIAL] == 3
 
     # a second resume finds the study and the run in agreement: nothing is added twice
     after.save(str(tmp_path / "searcher-2.pkl"))
     again = _searcher(records, None)
     again.restore(str(tmp_path / "searcher-2.pkl"))
-    assert len(again._ot_study.trials) == 3 and again._synced == []
+    assert len(again._ot_study.trials) == 4 and again._synced == []
 
 
 @pytest.mark.slow
@@ -177,7 +187,7 @@ def test_runs_the_study_finished_are_closed_as_it_has_them(tmp_path):
     (a pack's member is closed beside the training, after its report); the resume closed
     them as interrupted. The restore closes them as the study has them, with the
     objective the study holds where the run lacks it; 3, which the study never finished,
-    keeps its interrupted run and is marked FAIL."""
+    keeps its interrupted run and RUNNING trial, to be run again."""
     client, records = _records(tmp_path)
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     before = _searcher(records, url)
@@ -198,7 +208,8 @@ def test_runs_the_study_finished_are_closed_as_it_has_them(tmp_path):
     after = _searcher(records, url)
     after.restore(str(tmp_path / "searcher.pkl"))
     study = optuna.load_study(study_name="sync", storage=url)
-    assert [t.state for t in study.trials[2:]] == [States.PRUNED, States.FAIL, States.COMPLETE]
+    assert [t.state for t in study.trials[2:]] == [States.PRUNED, States.RUNNING, States.COMPLETE]
+    assert after.suggest("f")[OPTUNA_TRIAL] == 3
     pruned, failed, completed = (client.get_run(r) for r in (run_c, run_d, run_e))
     assert (pruned.info.status, pruned.data.tags[store.TAG_OUTCOME]) == ("FINISHED", Outcome.PRUNED)
     assert [(m.step, m.value) for m in client.get_metric_history(run_c, OBJECTIVE)] == [*PRUNED_AT[:2], (100, 0.2)]
