@@ -226,7 +226,7 @@ class TrialRun:
              client: Any = None) -> "TrialRun":
         """``client``: an `MlflowClient`, or a trial worker's `helper.HelperClient`
         (default: a new `MlflowClient` for ``tracking_uri``)."""
-        from service.tracking.helper import HelperClient
+        from service.tracking.helper_client import HelperClient
         from service.tracking.spool import patience_s
 
         store.tolerate_outages()
