@@ -72,10 +72,10 @@ def sweep(
         check_ray_address(address)
         if optuna_storage:
             check_database_url(optuna_storage)
-        from service.search.loading import load_space
+        from service.search.loading import load_space, with_overrides
 
-        space = load_space(space_file).with_overrides(
-            f"{space_file} with the command-line options",
+        space = with_overrides(
+            load_space(space_file), f"{space_file} with the command-line options",
             trials=trials, seeds=seeds, steps=steps, eval_every=eval_every, concurrency=concurrency,
             cpus=cpus_per_trial, gpus=gpus_per_trial, pack=pack,
         )

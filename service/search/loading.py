@@ -259,6 +259,20 @@ def parse_space(data: Any, source: str = "search space") -> SearchSpace:
     return space
 
 
+def with_overrides(space: SearchSpace, source: str = "command line", **overrides: Any) -> SearchSpace:
+    """A copy of ``space`` with the CLI's overrides (``trials``, ``seeds``, ``steps``, ``cpus``,
+    ...) applied and validated again (`parse_space`); ``None`` values are ignored."""
+    data = space.model_dump(mode="json")
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    if not changes:
+        return space
+    if "cpus" in changes or "gpus" in changes:
+        data["resources"] = {**data.get("resources", {}), **{
+            k: changes.pop(k) for k in ("cpus", "gpus") if k in changes}}
+    data.update(changes)
+    return parse_space(data, source=source)
+
+
 def load_space(path: str | Path) -> SearchSpace:
     """Read and validate a search space YAML file (`service.yamlio`: safe and bounded)."""
     path = Path(path)

@@ -248,23 +248,6 @@ class SearchSpace(Frozen):
         grace = self.scheduler.grace_period or max(self.eval_every, self.steps // 8)
         return max(1, min(self.total_reports(), math.ceil(grace / self.eval_every)))
 
-    def with_overrides(self, source: str = "command line", **overrides: Any) -> "SearchSpace":
-        """A copy with the CLI's overrides (``trials``, ``seeds``, ``steps``, ``cpus``, ...)
-        applied and validated again; ``None`` values are ignored."""
-        from service.search.loading import (
-            parse_space,  # the loader builds on this schema
-        )
-
-        data = self.model_dump(mode="json")
-        changes = {k: v for k, v in overrides.items() if v is not None}
-        if not changes:
-            return self
-        if "cpus" in changes or "gpus" in changes:
-            data["resources"] = {**data.get("resources", {}), **{
-                k: changes.pop(k) for k in ("cpus", "gpus") if k in changes}}
-        data.update(changes)
-        return parse_space(data, source=source)
-
     def spec_json(self) -> str:
         """The resolved spec as canonical JSON (what the sweep actually runs)."""
         data = self.model_dump(mode="json")

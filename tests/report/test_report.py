@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from service.cli import app
 from service.errors import UserError
 from service.report.build import build_report, load_dashboard
-from service.search.loading import load_space, parse_space
+from service.search.loading import load_space, parse_space, with_overrides
 from service.sweep.validation import (
     fresh_offset,
     parse_ranges,
@@ -75,7 +75,7 @@ def sweep(ray_address, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("report-sweep")
     uri = store.default_tracking_uri(root)
-    space = load_space(SMOKE).with_overrides("test", trials=3, seeds=3, steps=1000, eval_every=250)
+    space = with_overrides(load_space(SMOKE), "test", trials=3, seeds=3, steps=1000, eval_every=250)
     summary = run_sweep(space, SweepOptions(name="rep", tracking_uri=uri, storage_path=str(root / "runs"),
                                             space_file=SMOKE))
     assert summary.outcome == "completed"

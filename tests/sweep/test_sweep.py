@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from service.cli import app
-from service.search.loading import load_space
+from service.search.loading import load_space, with_overrides
 from service.tracking import runs, store
 
 SMOKE = str(Path(__file__).resolve().parents[2] / "search_spaces" / "smoke.yaml")
@@ -72,7 +72,7 @@ def test_smoke_sweep_records_one_parent_and_one_child_per_trial(ray_address, swe
             assert {"seeds.csv", "weights/best_seed.json", "plots/curves.png", "plots/weights.png"} <= files
     assert completed, "ASHA always lets at least one trial finish"
     # exactly the trials ASHA's rule, maximising, stops given what each reported
-    space = load_space(Path(SMOKE)).with_overrides(trials=4, seeds=4, concurrency=1)
+    space = with_overrides(load_space(Path(SMOKE)), trials=4, seeds=4, concurrency=1)
     children.sort(key=sweep_checks.optuna_number)
     kept = sweep_checks.asha_replay(space, [sweep_checks.objective_reports(space, client, c) for c in children])
     assert [c.data.tags[store.TAG_OUTCOME] for c in children] == ["completed" if k else "pruned" for k in kept]
@@ -123,8 +123,8 @@ def test_resume_after_the_driver_is_killed(ray_address, tmp_path, driver_killed_
 
     study_url = f"sqlite:///{tmp_path / 'optuna.db'}"
     # smoke.yaml with a rung halfway, so that ASHA can stop trials before and after the kill
-    space = load_space(Path(SMOKE)).with_overrides(trials=4, seeds=4, steps=1000)
-    space = space.with_overrides(scheduler={**space.scheduler.model_dump(mode="json"), "grace_period": 500})
+    space = with_overrides(load_space(Path(SMOKE)), trials=4, seeds=4, steps=1000)
+    space = with_overrides(space, scheduler={**space.scheduler.model_dump(mode="json"), "grace_period": 500})
     space_file = tmp_path / "smoke.yaml"
     space_file.write_text(yaml.safe_dump(space.model_dump(mode="json")))
     args = ["sweep", str(space_file), "--name", "resume-e2e", "--optuna-storage", study_url]

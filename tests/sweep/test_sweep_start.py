@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from service.errors import UserError
-from service.search.loading import load_space
+from service.search.loading import load_space, with_overrides
 from service.sweep import driver
 from service.tracking import runs, store
 
@@ -20,7 +20,7 @@ SMOKE = Path(__file__).resolve().parents[2] / "search_spaces" / "smoke.yaml"
 
 @pytest.fixture
 def space():
-    return load_space(SMOKE).with_overrides("test", trials=1, seeds=2, steps=10, eval_every=5)
+    return with_overrides(load_space(SMOKE), "test", trials=1, seeds=2, steps=10, eval_every=5)
 
 
 def _options(tmp_path: Path, **kw) -> driver.SweepOptions:
