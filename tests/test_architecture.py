@@ -90,10 +90,8 @@ def test_imports_point_down_the_layers(path):
     assert not upward, f"{path.relative_to(SERVICE)} ({top}) imports a higher layer: {upward}"
 
 
-def test_no_import_cycle_between_packages():
-    graph: dict[str, set[str]] = {}
-    for path in _modules():
-        graph.setdefault(_top(path), set()).update(_imported_packages(path))
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` (``[a, b, …, a]``), or None."""
     state: dict[str, int] = {}
 
     def visit(node: str, trail: list[str]) -> list[str] | None:
@@ -111,7 +109,35 @@ def test_no_import_cycle_between_packages():
 
     for node in sorted(graph):
         cycle = visit(node, [])
-        assert cycle is None, "package import cycle: " + " → ".join(cycle)
+        if cycle:
+            return cycle
+    return None
+
+
+def test_no_import_cycle_between_packages():
+    graph: dict[str, set[str]] = {}
+    for path in _modules():
+        graph.setdefault(_top(path), set()).update(_imported_packages(path))
+    cycle = _cycle(graph)
+    assert cycle is None, "package import cycle: " + " → ".join(cycle)
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """The ``service`` modules a file imports (``from service.x import y`` names module
+    ``service.x.y`` where that is a module, else ``service.x``), itself excluded."""
+    found = set()
+    for module, names in _imports(path):
+        subs = [f"{module}.{n}" for n in names if _is_module(f"{module}.{n}")]
+        found.update(subs or [module])
+    return found - {_dotted(path)}
+
+
+def test_no_import_cycle_between_modules():
+    """Within a package too: a module that needs only a type or a value of a module that
+    imports it takes it from lower down (a protocol, a module of its own)."""
+    graph = {_dotted(path): _imported_modules(path) for path in _modules()}
+    cycle = _cycle(graph)
+    assert cycle is None, "module import cycle: " + " → ".join(cycle)
 
 
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SERVICE)))

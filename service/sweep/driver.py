@@ -40,6 +40,7 @@ from service.sweep.cluster import (
     stop_ray,
 )
 from service.sweep.logged_params import task_params
+from service.sweep.options import SweepOptions  # the CLI's flags, resolved (named here too)
 from service.sweep.outcome import finished_reports, record_end, tune_trials
 from service.sweep.rungs import release_board
 from service.sweep.study_sync import TrialRecords
@@ -49,21 +50,6 @@ from service.tracking.links import describe_experiment
 from service.tracking.store import Outcome
 
 DEFAULT_STORAGE_DIR = "runs"
-
-
-@dataclass(frozen=True)
-class SweepOptions:
-    """Where and how a sweep runs (the CLI's flags, resolved)."""
-
-    name: str
-    tracking_uri: str
-    storage_path: str
-    space_file: Path | None = None
-    address: str | None = None
-    resume: bool = False
-    verbose: bool = False
-    optuna_storage: str | None = None  # an RDB URL: keep the Optuna study there (name = the sweep's)
-    keep_ray: bool = False  # leave a Ray this sweep started running (the caller validates next)
 
 
 @dataclass

@@ -20,7 +20,7 @@ from service.tracking.store import Outcome
 
 if TYPE_CHECKING:
     from service.sweep.display import SweepBoard
-    from service.sweep.driver import SweepOptions
+    from service.sweep.options import SweepOptions
 
 @dataclass
 class TuneTrial:

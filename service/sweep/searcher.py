@@ -55,7 +55,7 @@ from service.sweep.study_sync import (
 
 if TYPE_CHECKING:
     from service.search.space import SearchSpace
-    from service.sweep.driver import SweepOptions
+    from service.sweep.options import SweepOptions
 
 logger = logging.getLogger(__name__)
 
