@@ -200,8 +200,20 @@ def render_html(data: ReportData, dashboard: Dashboard, panels: list[tuple[Panel
 
 
 def figure_png(panel: Panel, title: str, path: Path) -> Path:
-    """A static matplotlib rendering of a panel's plotly figure (scatter with error bars,
-    bars, boxes, heatmaps; one axes per plotly subplot)."""
+    """A static matplotlib rendering of a panel's plotly figure, saved as a PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = static_figure(panel, title)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def static_figure(panel: Panel, title: str) -> Any:
+    """A matplotlib figure of a panel's plotly figure (scatter with error bars, bars,
+    boxes, heatmaps; one axes per plotly subplot), its y axis reversed where plotly's is
+    (the ranking: the best setting on top, as in the interactive chart)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -264,16 +276,16 @@ def figure_png(panel: Panel, title: str, path: Path) -> Path:
             if any(t.get("type") == "bar" and t.get("orientation") != "h" for t in traces) and \
                     (layout.get("yaxis") or {}).get("type") == "log":
                 ax.set_yscale("log")
+            if ((layout.get("yaxis") or {}).get("autorange") == "reversed" and len(keys) == 1
+                    and all(t.get("type", "scatter") == "scatter" for t in traces)):
+                ax.invert_yaxis()  # categories go up from the first in matplotlib (an image is already top-down)
             handles, _ = ax.get_legend_handles_labels()
             if handles and i == 0:
                 ax.legend(fontsize=7)
             ax.tick_params(labelsize=7)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def _parcoords_png(ax: Any, trace: dict[str, Any]) -> None:
@@ -325,7 +337,8 @@ def build_report(tracking_uri: str, name: str, out_dir: Path, dashboard_file: Pa
             panel = PANEL_KINDS[spec.kind](data, spec.options)
         except Exception as e:  # noqa: BLE001 - one broken panel must not lose the report
             panel = empty(f"this panel failed: {type(e).__name__}: {e}"[:300])
-        panels.append((spec, panel))
+        if panel is not None:  # None: the panel does not apply to this sweep
+            panels.append((spec, panel))
     out_dir.mkdir(parents=True, exist_ok=True)
     png_files: list[Path] = []
     png_names: dict[str, str] = {}

@@ -44,6 +44,17 @@ class ReportData:
     def searched(self) -> list[str]:
         return list(self.space.params) if self.space is not None else self.view.searched
 
+    @property
+    def recurrent(self) -> bool | None:
+        """Whether the sweep trains a recurrent (sequence) task; ``None`` when its search
+        space could not be read. Panels about test lengths apply only then."""
+        if self.space is None:
+            return None
+        from service.tasks import TASKS
+
+        kinds = [str(task.get("kind")) for task in self.space.task_configs().values()]
+        return any(getattr(TASKS.get(kind), "recurrent", False) for kind in kinds)
+
     def diverged_trials(self) -> list[TrialRow]:
         return [t for t in self.view.trials if (t.metrics.get("diverged") or 0) > 0]
 

@@ -1,6 +1,8 @@
 """The report's panel kinds. A panel kind is a function ``(data, options) -> Panel``
 registered with ``@panel_kind("name")``; `dashboards/report.yaml` says which panels a
-report shows, in which order, with which options (metrics, how many settings).
+report shows, in which order, with which options (metrics, how many settings). A kind
+that does not apply to a sweep (test lengths of a static task) returns ``None`` and the
+report leaves it out, rather than showing an empty plot that says so.
 
 To add a panel: write a function here (or in any module imported below) that returns a
 plotly figure, register it, and list it in the dashboard file.
@@ -17,7 +19,7 @@ from service.report.data import ReportData
 from service.scoring.metrics import wilson_interval
 from service.tracking.store import Outcome
 
-PANEL_KINDS: dict[str, Callable[[ReportData, dict[str, Any]], "Panel"]] = {}
+PANEL_KINDS: dict[str, Callable[[ReportData, dict[str, Any]], "Panel | None"]] = {}
 
 
 @dataclass
@@ -113,12 +115,16 @@ def ranking_forest(data: ReportData, options: dict[str, Any]) -> Panel:
                          f"{int(metrics.get('successes', 0))}/{int(metrics.get('n_seeds', 0))} seeds "
                          f"[{fmt_interval(low, high)}]")
         if xs:
+            # orientation "h": the settings (y) are the position axis, so "group" puts the
+            # search and validation points of a setting side by side in its row; with the
+            # default "v" plotly shifted them along the rate axis instead, away from their rates
             fig.add_trace(go.Scatter(
                 x=xs, y=ys, mode="markers", name=source, marker={"color": color, "size": 9},
+                orientation="h", cliponaxis=False,
                 error_x={"type": "data", "symmetric": False, "array": hi, "arrayminus": lo},
                 hovertext=hover, hoverinfo="text"))
     fig.update_layout(height=max(260, 48 * len(rows) + 120), xaxis_title="success rate (95% Wilson CI)",
-                      xaxis={"range": [-0.02, 1.02]}, yaxis={"autorange": "reversed", "type": "category"},
+                      xaxis={"range": [-0.05, 1.05]}, yaxis={"autorange": "reversed", "type": "category"},
                       legend={"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom"},
                       margin={"l": 170, "t": 50}, scattermode="group")
     metrics = options.get("metrics", ["objective", "solved_at_median", "sparsity_error_mean",

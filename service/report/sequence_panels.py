@@ -26,8 +26,9 @@ def length_rates(metrics: dict[str, float]) -> dict[int, float]:
 
 
 @panel_kind("success_vs_length")
-def success_vs_length(data: ReportData, options: dict[str, Any]) -> Panel:
-    """Recurrent tasks: success rate (95% Wilson CI) at each test length, top settings."""
+def success_vs_length(data: ReportData, options: dict[str, Any]) -> Panel | None:
+    """Recurrent tasks: success rate (95% Wilson CI) at each test length, top settings;
+    ``None`` (no panel) for a sweep of static tasks, where test lengths mean nothing."""
     go = plotly_go()
     rows = data.ranked(int(options.get("top", 5)))
     fig = go.Figure()
@@ -44,7 +45,9 @@ def success_vs_length(data: ReportData, options: dict[str, Any]) -> Panel:
             hovertext=[f"#{i + 1} {t.name}: length {k}, {round(r * n)}/{n} seeds" for k, r in rates.items()],
             hoverinfo="text"))
     if not fig.data:
-        return empty("no per-length metrics: not a recurrent (sequence) task")
+        if not getattr(data, "recurrent", None):
+            return None
+        return empty("no per-length metrics yet: no top setting of this recurrent task has finished")
     fig.update_layout(xaxis={"type": "log", "title": "test sequence length"}, height=380,
                       yaxis={"range": [-0.02, 1.02], "title": "success rate (95% Wilson CI)"})
     return Panel(fig, "Share of seeds that solve each test length (at each seed's best-validation step): "

@@ -85,9 +85,13 @@ def t_quantile(confidence: float, df: int) -> float:
     return (lo + hi) / 2
 
 
-def mean_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95
+def mean_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95, floor: float | None = None
                   ) -> tuple[float | None, float | None, float | None]:
-    """``(mean, low, high)``: ``mean ± t_{n−1}·s/√n``; ``None`` where undefined (n < 1 / n < 2)."""
+    """``(mean, low, high)``: ``mean ± t_{n−1}·s/√n``; ``None`` where undefined (n < 1 / n < 2).
+
+    ``floor``: the least value the quantity can take (0 for a step count or a sparsity
+    error). With few, spread values the t interval reaches below it (0.14 ± 1.4 from two
+    seeds); its lower end is then the floor, since no mean can lie below it."""
     v = np.asarray(values, dtype=np.float64).ravel()
     if v.size == 0:
         return None, None, None
@@ -95,7 +99,8 @@ def mean_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95
     if v.size < 2:
         return mean, None, None
     half = t_quantile(confidence, v.size - 1) * float(v.std(ddof=1)) / math.sqrt(v.size)
-    return mean, mean - half, mean + half
+    low = mean - half if floor is None else max(floor, mean - half)
+    return mean, low, mean + half
 
 
 def median_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95
@@ -342,18 +347,19 @@ def aggregate(seeds: Sequence[SeedMetrics], confidence: float = 0.95) -> Aggrega
     and mean (t interval) over solved seeds, the mean sparsity error at the best step (t
     interval) over solved seeds (the NAU paper's figure), the final model's mean sparsity
     error (t interval) over non-diverged seeds, each over finite values only, diverged
-    count, and median MSEs at each seed's best step."""
+    count, and median MSEs at each seed's best step. The t intervals of these non-negative
+    quantities end at 0 at the lowest (`mean_interval`'s ``floor``)."""
     n = len(seeds)
     successes = sum(s.success for s in seeds)
     low, high = wilson_interval(successes, n, confidence)
     names = list(seeds[0].extrapolation_mse) if seeds else []
     solved = np.array([s.solved_at for s in seeds if s.success and s.solved_at is not None], dtype=np.float64)
     med, med_lo, med_hi = median_interval(solved, confidence)
-    mean, mean_lo, mean_hi = mean_interval(solved, confidence)
+    mean, mean_lo, mean_hi = mean_interval(solved, confidence, floor=0.0)
     sparsity = np.array([s.sparsity_error for s in seeds if s.success], dtype=np.float64)
-    sp_mean, sp_lo, sp_hi = mean_interval(sparsity[np.isfinite(sparsity)], confidence)
+    sp_mean, sp_lo, sp_hi = mean_interval(sparsity[np.isfinite(sparsity)], confidence, floor=0.0)
     final = np.array([s.final_sparsity_error for s in seeds if not s.diverged], dtype=np.float64)
-    fin_mean, fin_lo, fin_hi = mean_interval(final[np.isfinite(final)], confidence)
+    fin_mean, fin_lo, fin_hi = mean_interval(final[np.isfinite(final)], confidence, floor=0.0)
     interp = np.array([s.interpolation_mse for s in seeds], dtype=np.float64)
     return AggregateMetrics(
         n_seeds=n,

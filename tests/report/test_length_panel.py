@@ -7,8 +7,8 @@ from types import SimpleNamespace
 from service.report.sequence_panels import success_vs_length
 
 
-def _data(trials):
-    return SimpleNamespace(ranked=lambda top=None: trials[:top], validations={})
+def _data(trials, recurrent=True):
+    return SimpleNamespace(ranked=lambda top=None: trials[:top], validations={}, recurrent=recurrent)
 
 
 def test_one_line_per_top_setting_over_the_test_lengths():
@@ -22,7 +22,8 @@ def test_one_line_per_top_setting_over_the_test_lengths():
     assert line.error_y.arrayminus[0] > 0 and line.error_y.array[0] == 0  # 8/8: Wilson upper end 1
 
 
-def test_a_static_sweep_gets_a_placeholder():
+def test_a_static_sweep_has_no_length_panel_and_a_recurrent_one_waits_for_its_trials():
     trials = [SimpleNamespace(name="a", metrics={"n_seeds": 8.0, "success_rate_per_range.extrapolation": 1.0})]
-    panel = success_vs_length(_data(trials), {})
-    assert "not a recurrent" in panel.note
+    assert success_vs_length(_data(trials, recurrent=False), {}) is None
+    assert success_vs_length(_data(trials, recurrent=None), {}) is None  # space unknown, no lengths logged
+    assert "no per-length metrics yet" in success_vs_length(_data([], recurrent=True), {}).note

@@ -51,6 +51,8 @@ def test_mean_and_median_intervals_by_hand() -> None:
     mean, low, high = mean_interval([1.0, 2.0, 3.0, 4.0])
     half = 3.1824 * math.sqrt(5 / 3) / 2
     assert mean == 2.5 and low == pytest.approx(2.5 - half, abs=1e-3) and high == pytest.approx(2.5 + half, abs=1e-3)
+    assert mean_interval([0.03, 0.25], floor=0.0) == pytest.approx((0.14, 0.0, mean_interval([0.03, 0.25])[2]))
+    assert mean_interval([1.0, 2.0, 3.0, 4.0], floor=0.0) == (mean, low, high)  # above the floor: unchanged
     assert mean_interval([7.0]) == (7.0, None, None)
     assert mean_interval([]) == (None, None, None)
     # n = 10: [x(2), x(9)] covers the median with probability 1 − 2·11/1024 ≈ 0.979
@@ -200,9 +202,10 @@ def test_aggregate_by_hand() -> None:
     assert agg.sparsity_error_mean == pytest.approx(0.01)
     assert agg.sparsity_error_ci_low is None and agg.sparsity_error_ci_high is None  # one value
     # the final model's figure: the two non-diverged seeds, kept under its own name
-    mean, low, high = mean_interval([0.03, 0.25])
+    _, low, high = mean_interval([0.03, 0.25])
     assert agg.final_sparsity_error_mean == pytest.approx(0.14)
-    assert (agg.final_sparsity_error_ci_low, agg.final_sparsity_error_ci_high) == pytest.approx((low, high))
+    # 0.14 ± 1.40 from two seeds: a sparsity error is never negative, so the interval ends at 0
+    assert low < 0 and (agg.final_sparsity_error_ci_low, agg.final_sparsity_error_ci_high) == pytest.approx((0, high))
     assert agg.to_metrics()["final_sparsity_error_mean"] == pytest.approx(0.14)
     assert agg.interpolation_mse_median == pytest.approx(0.1)  # of 0.1, 0.3, 0.01 (NaN left out)
     assert agg.extrapolation_mse_median == {"near": pytest.approx(0.01), "far": pytest.approx(0.5)}
@@ -242,7 +245,7 @@ def test_sparsity_error_is_averaged_over_solved_seeds_only() -> None:
     # seed 2's best step is 0 (its MSE rose): it fails there; seed 3 fails at its best step
     assert [s.success for s in seeds] == [True, True, False, False, False]
     agg = aggregate(seeds)
-    mean, low, high = mean_interval([0.1, 0.3])
+    mean, low, high = mean_interval([0.1, 0.3], floor=0.0)
     assert agg.sparsity_error_mean == pytest.approx(0.2) == pytest.approx(mean)
     assert (agg.sparsity_error_ci_low, agg.sparsity_error_ci_high) == pytest.approx((low, high))
     assert agg.final_sparsity_error_mean == pytest.approx(0.15)  # (0.2 + 0.4 + 0 + 0) / 4
