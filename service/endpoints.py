@@ -218,6 +218,22 @@ def _bad_address(address: str) -> Any:
                     "(e.g. 10.0.0.5:6379), ray://host:10001 for Ray Client, or 'auto'")
 
 
+def reachable(address: str) -> bool:
+    """Whether a Ray address (``host:port``) answers a TCP connect within ``connect_timeout()``:
+    a quiet `check_ray_address`, for an address Ray found rather than the user gave."""
+    try:
+        target = parse_ray_address(address)
+    except UserError:
+        return False
+    if target is None:
+        return False
+    try:
+        _tcp(*target, connect_timeout())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def check_ray_address(address: str | None) -> None:
     """An explicit Ray address answers a TCP connect (Ray retries an unreachable GCS for
     minutes before it gives up)."""

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from service.cli.app import app, console, fail
 from service.cli.common import (
+    ADDRESS_HELP,
     TRACKING_HELP,
     open_client,
     print_wide,
@@ -65,7 +66,7 @@ def validate(
     seeds: int = typer.Option(32, min=1, help="Fresh seeds per setting (ids never used by the sweep)."),
     range_: List[str] = typer.Option([], "--range", help="An extra extrapolation range NAME=RANGE, e.g. far=U[6,20] (repeatable)."),
     include_pruned: bool = typer.Option(False, "--include-pruned", help="Also consider trials ASHA stopped early."),
-    address: Optional[str] = typer.Option(None, help="Ray cluster to connect to (default: start a local Ray)."),
+    address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
     tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
 ) -> None:
     """Re-run the top K settings on S fresh seeds (disjoint from every seed the sweep used)

@@ -77,6 +77,9 @@ app = typer.Typer(
 @app.callback()
 def _main() -> None:
     """Seed-robust hyperparameter search for neural arithmetic units."""
+    from service.sweep.ray_join import use_token_when_given
+
+    use_token_when_given()  # before a verb imports Ray, which reads RAY_AUTH_MODE once
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -10,6 +10,10 @@ from service.errors import UserError
 
 TRACKING_HELP = ("MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the "
                  "working directory).")
+ADDRESS_HELP = ("Ray cluster to join: host:port of its head, or ray://host:10001 (default: $RAY_ADDRESS, else "
+                "the Ray that `ray start --head` left running on this machine, else a local Ray started for "
+                "this command and stopped after it). A cluster with token authentication gets its token from "
+                "$RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token.")
 
 
 def tracking_uri_of(option: str | None, must_exist: bool, probe: bool = True) -> str:

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from service.cli.app import app, console, fail
 from service.cli.common import (
+    ADDRESS_HELP,
     TRACKING_HELP,
     no_such_sweep,
     open_client,
@@ -42,7 +43,7 @@ def sweep(
     cpus_per_trial: Optional[float] = typer.Option(None, help="CPUs reserved per trial (torch uses as many threads)."),
     gpus_per_trial: Optional[float] = typer.Option(None, help="GPUs per trial; fractions share a GPU, e.g. 0.25."),
     name: Optional[str] = typer.Option(None, help="Sweep name: MLflow experiment and Ray experiment directory (default: the file's 'name')."),
-    address: Optional[str] = typer.Option(None, help="Ray cluster to connect to (default: start a local Ray)."),
+    address: Optional[str] = typer.Option(None, help=ADDRESS_HELP),
     tracking_uri: Optional[str] = typer.Option(None, help=TRACKING_HELP),
     storage_path: Optional[str] = typer.Option(None, help="Ray Tune storage: a shared directory or s3:// URI (default: ./runs)."),
     optuna_storage: Optional[str] = typer.Option(

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import service
-from service.endpoints import check_ray_address
+from service.endpoints import check_ray_address, reachable
 from service.errors import UserError
 from service.search.space import SearchSpace
+from service.sweep import ray_join
 from service.tracking import store
 
 
@@ -111,12 +112,21 @@ def init_ray(address: str | None, verbose: bool, say: Callable[[str], None] | No
     started = time.monotonic()
     if say is not None:
         say(f"connecting to Ray at {address}…" if address else "looking for a running local Ray…")
+    ray_join.check_token_path()
+    # no address for a cluster found (RAY_ADDRESS, `ray start`'s): Ray finds it again, as it would
+    options: dict[str, Any] = dict(address=address or None, include_dashboard=False, log_to_driver=verbose,
+                                   logging_level=logging.INFO if verbose else logging.WARNING,
+                                   configure_logging=True, **extra)
+    target = ray_join.join_target(address)
+    where = f"the Ray cluster at {address or target!r}" if address or target else "a local Ray"
     try:
-        ray.init(address=address or None, include_dashboard=False, log_to_driver=verbose,
-                 logging_level=logging.INFO if verbose else logging.WARNING,
-                 configure_logging=True, **extra)
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        where = f"the Ray cluster at {address!r}" if address else "a local Ray"
+        if target is not None and reachable(target):  # joining: a refused token is reported at once
+            ray_join.join_watched(where, ray.init, verbose, **options)
+        else:
+            ray.init(**options)
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.AuthenticationError) as e:
+        if ray_join.refused(e):
+            raise ray_join.token_error(where) from None
         raise UserError(f"cannot start or reach {where}: {e}") from None
     ours = not address and started_here()
     if say is not None:
