@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-# Before Ray is imported anywhere: no token auth, no usage stats, no Tune file loggers.
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+# Before Ray is imported anywhere: no usage stats, no Tune file loggers. Ray's token
+# authentication stays at its default (on for the local Ray the tests start: Ray writes the
+# token to ~/.ray/auth_token once, and the sweeps that join it read it there).
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
 os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")

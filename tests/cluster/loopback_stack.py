@@ -8,6 +8,7 @@ the children it spawned); nothing else on the machine is touched (no `ray stop`)
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -124,6 +125,9 @@ class Cluster:
     mlflow_port: int = 0
     admin_password: str = ""
     ray_port: int = 0
+    # the Ray cluster's token, as Ray's documentation gives one to every node and client of a
+    # cluster (KubeRay's RAY_AUTH_TOKEN): a sweep joins it as from another machine
+    ray_token: str = field(default_factory=lambda: secrets.token_hex(32))
     mlflow_workers: int = 2
     startup_s: float = 0.0  # how long the last `start_mlflow` took
     procs: list[subprocess.Popen] = field(default_factory=list)
@@ -146,7 +150,7 @@ class Cluster:
     def client_env(self) -> dict[str, str]:
         """Environment of a process that uses the stack (the sweep driver, the test)."""
         return {"MLFLOW_TRACKING_USERNAME": ADMIN_USER, "MLFLOW_TRACKING_PASSWORD": self.admin_password,
-                "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+                "RAY_AUTH_TOKEN": self.ray_token, "RAY_USAGE_STATS_ENABLED": "0"}
 
     def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
         log = self.root / f"{name}.log"
@@ -258,10 +262,13 @@ class Cluster:
 
     def start_ray(self, env: dict[str, str] | None = None) -> None:
         """Head and worker node; ``env`` is added to both `ray start` environments (e.g. the
-        GCS's ``RAY_health_check_*`` settings)."""
+        GCS's ``RAY_health_check_*`` settings). Ray's default authentication: the head turns
+        token authentication on, finding ``ray_token``; the worker node sets
+        ``RAY_AUTH_MODE=token`` as Ray requires of a node joining by address (Ray 2.60 turns
+        it on by itself only for a head)."""
         ray = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--num-cpus", "1",
                "--num-gpus", "0", "--disable-usage-stats", "--object-store-memory", str(100 * 2**20)]
-        env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
+        env = {"RAY_AUTH_TOKEN": self.ray_token, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})}
         # Ray keeps sockets under its temp dir: a short path (AF_UNIX paths are ≤ 107 bytes)
         temp = Path(tempfile.mkdtemp(prefix="nsray", dir="/tmp"))
         self.ray_temp = temp
@@ -272,7 +279,7 @@ class Cluster:
         self.ray_head = head
         wait_until(lambda: _connects(HEAD_IP, self.ray_port), 120, "ray head", self.logs["ray-head"], head)
         worker = self._spawn("ray-worker", [*ray, "--address", self.ray_address, "--node-ip-address", WORKER_IP,
-                                   *self._ray_ports(WORKER_IP)], env)
+                                   *self._ray_ports(WORKER_IP)], {**env, "RAY_AUTH_MODE": "token"})
         self.ray_worker = worker
         wait_until(lambda: self.alive_ray_nodes() == {HEAD_IP, WORKER_IP}, 120, "ray worker node",
                    self.logs["ray-worker"], worker)
@@ -304,7 +311,9 @@ class Cluster:
             f"ray.init(address='{self.ray_address}', log_to_driver=False, logging_level='ERROR')\n"
             "print(','.join(sorted(n['NodeManagerAddress'] for n in ray.nodes() if n['Alive'])))\n")],
             capture_output=True, text=True, timeout=90,
-            env={**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"})
+            # a plain `ray.init` by address sends the token only in token mode (Ray's client setting)
+            env={**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.ray_token,
+                 "RAY_USAGE_STATS_ENABLED": "0"})
         lines = out.stdout.strip().splitlines()
         return set(lines[-1].split(",")) if out.returncode == 0 and lines else set()
 

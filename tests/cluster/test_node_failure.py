@@ -72,7 +72,7 @@ def test_a_sweep_survives_the_loss_of_a_worker_node(cluster, tmp_path):
     db = tmp_path / "mlflow.db"
     tracking_uri = f"sqlite:///{db}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_ADDRESS"))}
-    env.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", COLUMNS="200",
+    env.update(RAY_AUTH_TOKEN=cluster.ray_token, RAY_USAGE_STATS_ENABLED="0", COLUMNS="200",
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     cmd = [sys.executable, "-m", "service", "sweep", str(space), "--address", cluster.ray_address,
            "--tracking-uri", tracking_uri, "--storage-path", str(tmp_path / "runs")]
