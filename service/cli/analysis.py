@@ -85,13 +85,22 @@ def validate(
         console.print(f"validating the top {top} settings of {name} on {seeds} fresh seeds each", highlight=False)
         results = validate_sweep(uri, name, top, seeds, extra, address=address, include_pruned=include_pruned,
                                  say=lambda line: console.print(line, highlight=False))
+        from service.tracking.queries import load_sweep, validated_metrics
+
+        client = open_client(uri)
+        pooled = validated_metrics(client, load_sweep(client, name))  # with the setting's earlier validations
     except UserError as e:
         fail(str(e))
+    from service.tracking.pooled import parts
+
+    earlier = any(len(parts(pooled.get(r.source_run_id, {}))) > 1 for r in results)
     table = Table(title=f"validation of {name} (fresh seeds {results[0].seed_ids[0]}–{results[0].seed_ids[-1]})")
-    for col in ("trial", "search success [95% CI]", "validation success [95% CI]", "validation run"):
+    for col in ("trial", "search success [95% CI]", "validation success [95% CI]",
+                *(["every validation, pooled"] if earlier else []), "validation run"):
         table.add_column(col)
     for r in results:
-        table.add_row(r.source_name, success_cell(r.search_metrics), success_cell(r.metrics), r.run_id)
+        table.add_row(r.source_name, success_cell(r.search_metrics), success_cell(r.metrics),
+                      *([success_cell(pooled.get(r.source_run_id, r.metrics))] if earlier else []), r.run_id)
     print_wide(table)
     console.print(f"now: [bold]nalu-sweep report {name}[/]", highlight=False)
 

@@ -75,7 +75,8 @@ def require_sweeps(uri: str, *names: str, client=None) -> None:
 
 
 def success_cell(metrics: dict[str, float]) -> str:
-    """``3/4 [0.30, 0.95]``: successful seeds and the 95% Wilson interval of the rate."""
+    """``3/4 [0.30, 0.95]``: successful seeds and the 95% Wilson interval of the rate;
+    ``37/40 [0.80, 0.97] (32 + 8 seeds)`` for validations pooled (`service.tracking.pooled`)."""
     if "success_rate" not in metrics:
         return "—"
     if "successes" in metrics and "n_seeds" in metrics:
@@ -87,6 +88,11 @@ def success_cell(metrics: dict[str, float]) -> str:
     ci = fmt_interval(metrics.get("success_ci_low"), metrics.get("success_ci_high"))
     if ci:
         text += f" [{ci}]"
+    from service.tracking.pooled import parts
+
+    seeds = parts(metrics)  # several validations pooled: how many seeds each gave
+    if len(seeds) > 1:
+        text += f" ({' + '.join(map(str, seeds))} seeds)"
     return text
 
 

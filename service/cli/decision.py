@@ -38,14 +38,14 @@ def mlflow_links(uri: str, experiment_id: str, parent_run_id: str | None = None,
 
 
 def compare_ids(view: Any, validations: dict[str, Any], top: int = 3) -> list[str]:
-    """The run ids worth comparing: the ``top`` ranked trials, each followed by its latest
-    validation run (``validations``: trial run id → run), so the search's interval and the
-    fresh seeds' stand side by side."""
+    """The run ids worth comparing: the ``top`` ranked trials, each followed by the
+    validation runs pooled into its figure on fresh seeds (``validations``: trial run id →
+    `PooledValidation`), so the search's interval and the fresh seeds' stand side by side."""
     ids = []
     for row in view.ranked()[:top]:
         ids.append(row.run_id)
         if row.run_id in validations:
-            ids.append(validations[row.run_id].info.run_id)
+            ids.extend(validations[row.run_id].run_ids)
     return ids
 
 
@@ -57,11 +57,11 @@ def print_links(uri: str, experiment_id: str, parent_run_id: str | None = None, 
 
 def print_sweep_links(uri: str, view: Any, report: bool = False, validations: dict[str, Any] | None = None) -> None:
     """`print_links` for a sweep read back from the store: its top settings compared with
-    their validations (read here unless given), its report when ``report``."""
+    their pooled validations (read here unless given), its report when ``report``."""
     if validations is None:
-        from service.tracking.queries import latest_validations
+        from service.tracking.pooled import pooled_validations
 
-        validations = latest_validations(open_client(uri), view)
+        validations = pooled_validations(open_client(uri), view)
     print_links(uri, view.experiment_id, view.run_id, report=report, compare=compare_ids(view, validations))
 
 
@@ -222,8 +222,10 @@ def validate_and_report(uri: str, name: str, top: int, seeds: int, address: str 
         console.print(f"[bold]Verdict: {words}[/]", highlight=False)
         console.print(f"setting: [bold]{settings_label(best['params'])}[/] ({best['trial']})", highlight=False)
         console.print(f"  search:     {_interval_text(search)}", highlight=False)
-        console.print(f"  validation: {_interval_text(val)} on fresh seeds {val['seed_ids'] if val else '—'}",
-                      highlight=False)
+        pooled = f" ({' + '.join(map(str, val['seeds_per_validation']))} seeds pooled)" \
+            if val and len(val["seeds_per_validation"]) > 1 else ""
+        console.print(f"  validation: {_interval_text(val)} on fresh seeds {val['seed_ids'] if val else '—'}"
+                      f"{pooled}", highlight=False)
         console.print(f"reuse it: nalu-sweep best {name} --format yaml > best.yaml && nalu-sweep run best.yaml",
                       highlight=False)
     console.print(f"report: [bold]{files.html.resolve()}[/]", highlight=False)

@@ -238,7 +238,8 @@ def best(
         if format_ not in decision.FORMATS:
             raise UserError(f"--format {format_!r}: one of {', '.join(decision.FORMATS)}")
         uri = tracking_uri_of(tracking_uri, must_exist=True)
-        from service.tracking.queries import latest_validations, load_sweep, sweep_names
+        from service.tracking.pooled import pooled_validations
+        from service.tracking.queries import load_sweep, sweep_names
 
         client = open_client(uri)
         try:
@@ -254,8 +255,8 @@ def best(
         if trial is not None:
             view.trials = [decision.pick_trial(view, trial, include_pruned=True)]
             include_pruned = True
-        validations = latest_validations(client, view)
-        validated = {trial: dict(run.data.metrics) for trial, run in validations.items()}
+        validations = pooled_validations(client, view)  # every validation of a setting, pooled
+        validated = {trial: pooled.metrics for trial, pooled in validations.items()}
     except UserError as e:
         fail(str(e))
     if not view.ranked(include_pruned):

@@ -16,6 +16,7 @@ from service.report import search_panels, sequence_panels  # noqa: F401 - regist
 from service.report.data import ReportData, load_report_data
 from service.report.panels import PANEL_KINDS, Panel, empty, short_params
 from service.tracking.best import judge, setting_params
+from service.tracking.pooled import parts, provenance
 from service.tracking.store import Outcome
 from service.yamlio import load_mapping
 
@@ -99,8 +100,10 @@ def summary_lines(data: ReportData) -> list[str]:
         val = data.validations.get(best.run_id)
         if val is not None:
             ranges = ", ".join(r for r in data.ranges() if f"extrapolation_mse_median.{r}" in val.metrics) or ranges
+            pooled = provenance(val.metrics)
             text += (f", and on {_rate(val.metrics).replace('seeds', 'fresh seeds')} (seed ids {val.seed_ids}, "
-                     f"never used in the search) across these ranges: {ranges}.")
+                     f"never used in the search{'; ' + pooled + ', pooled' if pooled else ''}) "
+                     f"across these ranges: {ranges}.")
         else:
             text += (f" across {ranges}. It has not been validated on fresh seeds yet: run "
                      f"`nalu-sweep validate {view.name}` — the best of a search is optimistically biased.")
@@ -146,7 +149,9 @@ def summary_fields(data: ReportData) -> dict[str, Any]:
         },
         "search": _interval(best.metrics) if best else None,
         "validation": None if val is None else {**(_interval(val.metrics) or {}), "run_id": val.run_id,
-                                                "seed_ids": val.seed_ids},
+                                                "seed_ids": val.seed_ids, "run_ids": val.run_ids,
+                                                "seeds_per_validation": parts(val.metrics) or [
+                                                    int(val.metrics.get("n_seeds", 0))]},
         "verdict": None if judged is None else {"key": judged.key, "words": judged.words,
                                                 "ci_low": judged.ci_low, "validated": judged.validated},
     }

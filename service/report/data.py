@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,12 +19,17 @@ from service.tracking.store import Outcome
 
 @dataclass
 class Validation:
+    """A setting's validations on fresh seeds, pooled (`service.tracking.pooled`): the
+    latest run's id and name, every pooled run's seed ids, the pooled metrics, and the
+    per-seed rows of every pooled run."""
+
     run_id: str
     name: str
     source_run_id: str
     seed_ids: str
     metrics: dict[str, float]
     seeds: list[dict[str, str]] = field(default_factory=list)
+    run_ids: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -146,10 +152,36 @@ def _weights(client: Any, run_id: str) -> tuple[dict[str, dict[str, Any]], str]:
     return chosen
 
 
+def _number(text: str | None) -> float:
+    try:
+        return float(text)  # "inf" and "nan" included, as seeds.csv writes them
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _with_pooled_medians(metrics: dict[str, float], rows: list[dict[str, str]]) -> dict[str, float]:
+    """Pooled validation metrics with each range's median extrapolation MSE taken over the
+    seeds of every pooled run, when their per-seed rows cover all of them (one task)."""
+    from service.tracking.pooled import parts
+
+    if len(parts(metrics)) < 2 or len(rows) != int(metrics.get("n_seeds", -1)):
+        return metrics
+    out = dict(metrics)
+    for key in [k for k in rows[0] if k.startswith("extrapolation_mse.")]:
+        values = sorted(v for v in map(_number, (row.get(key) for row in rows)) if not math.isnan(v))
+        if values:  # as `aggregate`: NaN (a diverged seed) left out, inf counted
+            mid = len(values) // 2
+            median = values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+            if math.isfinite(median):
+                out[f"extrapolation_mse_median.{key.partition('.')[2]}"] = median
+    return out
+
+
 def load_report_data(tracking_uri: str, name: str, top: int = 5) -> ReportData | None:
     """The sweep ``name`` with what the panels need (``None`` when there is no such sweep)."""
     from service.errors import UserError
-    from service.tracking.queries import sweep_space, validation_runs
+    from service.tracking.pooled import pooled_validations
+    from service.tracking.queries import sweep_space
 
     client = store.client(tracking_uri)
     view = load_sweep(client, name)
@@ -160,14 +192,11 @@ def load_report_data(tracking_uri: str, name: str, top: int = 5) -> ReportData |
     except UserError:
         space = None
     data = ReportData(view=view, space=space, tracking_uri=tracking_uri)
-    for run in sorted(validation_runs(client, view.experiment_id, view.run_id),
-                      key=lambda r: r.info.start_time or 0):
-        if run.info.status != "FINISHED":
-            continue
-        source = run.data.tags.get(store.TAG_SOURCE_RUN, "")
-        data.validations[source] = Validation(
-            run.info.run_id, run.info.run_name, source, run.data.tags.get(store.TAG_SEED_IDS, ""),
-            dict(run.data.metrics), _seed_rows(client, run.info.run_id))
+    for source, pooled in pooled_validations(client, view).items():
+        latest = pooled.latest
+        rows = [row for run_id in pooled.run_ids for row in _seed_rows(client, run_id)]
+        data.validations[source] = Validation(latest.info.run_id, latest.info.run_name, source, pooled.seed_ids,
+                                              _with_pooled_medians(pooled.metrics, rows), rows, pooled.run_ids)
     for trial in (data.ranked(top) if top > 0 else []):
         if trial.outcome == Outcome.COMPLETED:
             data.seeds[trial.run_id] = _seed_rows(client, trial.run_id)

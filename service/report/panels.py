@@ -17,6 +17,7 @@ from typing import Any, Callable
 from service.formatting import finite, fmt_interval, fmt_number, fmt_param
 from service.report.data import ReportData
 from service.scoring.metrics import wilson_interval
+from service.tracking.pooled import provenance
 from service.tracking.store import Outcome
 
 PANEL_KINDS: dict[str, Callable[[ReportData, dict[str, Any]], "Panel | None"]] = {}
@@ -111,9 +112,10 @@ def ranking_forest(data: ReportData, options: dict[str, Any]) -> Panel:
             lo.append(rate - low)
             hi.append(high - rate)
             ys.append(label)
+            pooled = provenance(metrics)
             hover.append(f"{label}<br>{short_params(t.params, data.searched)}<br>"
                          f"{int(metrics.get('successes', 0))}/{int(metrics.get('n_seeds', 0))} seeds "
-                         f"[{fmt_interval(low, high)}]")
+                         f"[{fmt_interval(low, high)}]" + (f"<br>{pooled}" if pooled else ""))
         if xs:
             # orientation "h": the settings (y) are the position axis, so "group" puts the
             # search and validation points of a setting side by side in its row; with the
@@ -136,12 +138,14 @@ def ranking_forest(data: ReportData, options: dict[str, Any]) -> Panel:
         vtext = "—"
         if v is not None:
             ci = _ci_of(v.metrics)
+            pooled = provenance(v.metrics)
             vtext = (f"{int(v.metrics.get('successes', 0))}/{int(v.metrics.get('n_seeds', 0))} "
-                     f"[{fmt_interval(ci[1], ci[2])}]") if ci else "—"
+                     f"[{fmt_interval(ci[1], ci[2])}]" + (f" {pooled}" if pooled else "")) if ci else "—"
         table.append([label.split()[0], t.name, t.outcome, *[metric_cell(t.metrics, m) for m in metrics], vtext,
                       short_params(t.params, data.searched)])
     return Panel(fig, "Ranked by the objective (lower end of the 95% Wilson interval). A setting is robust when "
-                      "its interval is high and narrow, and the validation interval agrees.", table)
+                      "its interval is high and narrow, and the validation interval agrees. A setting validated "
+                      "more than once shows its validations pooled (disjoint fresh seeds, one sample).", table)
 
 
 def _params_for_importance(data: ReportData):

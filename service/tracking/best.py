@@ -12,6 +12,7 @@ from typing import Any, Iterable
 from service.formatting import finite, fmt_interval, settings_label
 from service.scoring.verdict import Verdict, verdict
 from service.tracking.links import TAG_NOTE
+from service.tracking.pooled import provenance
 from service.tracking.queries import TrialRow, ranked
 from service.tracking.store import retry
 
@@ -59,7 +60,8 @@ def parent_note(sweep: str, row: TrialRow | None, searched: list[str] | None,
         lines = [f"nalu-sweep `{sweep}` — best setting: **{settings_label(setting_params(row, searched))}** "
                  f"({row.name}), search success {success_text(row.metrics)}."]
         if validation:
-            lines.append(f"On fresh seeds: {success_text(validation)}.")
+            pooled = provenance(validation)
+            lines.append(f"On fresh seeds: {success_text(validation)}" + (f" ({pooled})." if pooled else "."))
         v = judge(row, validation)
         if v is not None:
             lines.append(f"**{v.sentence()}**")

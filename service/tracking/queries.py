@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 from service.errors import UserError
 from service.scoring.objective import OBJECTIVE
 from service.tracking import runs, store
+from service.tracking.pooled import pooled_validations, validation_runs  # noqa: F401 - read from here too
 from service.tracking.store import Outcome
 
 if TYPE_CHECKING:
@@ -143,23 +144,10 @@ def sweep_names(client: Any) -> list[str]:
     return sorted(n for n in names if n)
 
 
-def validation_runs(client: Any, experiment_id: str, parent_run_id: str) -> list[Any]:
-    """The validation child runs of a sweep's parent run (``nalu-sweep validate``)."""
-    return runs.all_runs(client, [experiment_id],
-                         f"tags.`{store.TAG_PARENT}` = {runs.quote(parent_run_id)} AND "
-                         f"tags.`{store.TAG_ROLE}` = '{store.ROLE_VALIDATION}'")
-
-
-def latest_validations(client: Any, view: "SweepView") -> dict[str, Any]:
-    """``{trial run id: run}``: each validated trial's latest finished validation run
-    (``nalu-sweep validate``, ``sweep --validate``)."""
-    found = sorted(validation_runs(client, view.experiment_id, view.run_id), key=lambda r: r.info.start_time or 0)
-    return {r.data.tags.get(store.TAG_SOURCE_RUN, ""): r for r in found if r.info.status == "FINISHED"}
-
-
 def validated_metrics(client: Any, view: "SweepView") -> dict[str, dict[str, float]]:
-    """``{trial run id: metrics on fresh seeds}`` of `latest_validations`."""
-    return {trial: dict(run.data.metrics) for trial, run in latest_validations(client, view).items()}
+    """``{trial run id: metrics on fresh seeds}``: every validation of the trial pooled
+    (`service.tracking.pooled`)."""
+    return {trial: pooled.metrics for trial, pooled in pooled_validations(client, view).items()}
 
 
 def sweep_space(client: Any, parent_run_id: str) -> "SearchSpace":

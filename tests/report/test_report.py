@@ -16,7 +16,9 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from service.errors import UserError
+from service.formatting import fmt_interval
 from service.report.build import build_report, load_dashboard
+from service.scoring.metrics import wilson_interval
 from service.search.loading import load_space, parse_space, with_overrides
 from service.sweep.validation import (
     fresh_offset,
@@ -121,8 +123,16 @@ def test_validate_uses_fresh_seeds_under_the_same_parent(validated):
     status = runner.invoke(app, ["status", "rep", "--tracking-uri", uri])
     assert status.exit_code == 0 and "3/3" in status.output, status.output
     # a second validation never reuses the first one's seeds either
-    again = validate_sweep(uri, "rep", top=1, seeds=2)
+    again = validate_sweep(uri, "rep", top=1, seeds=2, extra_ranges={"far": "U[6,10]"})
     assert not set(again[0].seed_ids) & (search_seeds | set(results[0].seed_ids))
+    # so the best setting's two validations (3, then 2 fresh seeds, the same ranges) are one
+    # sample of 5 seeds
+    assert again[0].source_run_id == results[0].source_run_id
+    k = int(results[0].metrics["successes"] + again[0].metrics["successes"])
+    pooled = f"{k}/5 [{fmt_interval(*wilson_interval(k, 5))}] (3 + 2 seeds)"
+    for verb in ("status", "best"):
+        shown = runner.invoke(app, [verb, "rep", "--tracking-uri", uri], env={"COLUMNS": "250"})
+        assert shown.exit_code == 0 and pooled in shown.output, shown.output
 
 
 @pytest.mark.slow
