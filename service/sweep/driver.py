@@ -307,7 +307,7 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
         threads=max(1, int(space.resources.cpus)) if space.resources.gpus == 0 else 1,
         announcement=announcement,
         replay=finished_reports(client, experiment_id, parent_run_id, space.steps * len(space.task_configs()))
-        if options.resume and space.pack == 1 else {},
+        if options.resume else {},
     )
     from service.sweep.display import SweepBoard, register_board, unregister_board
 

@@ -116,9 +116,10 @@ def run_pack(
     scores = []
     for m in members:
         own = resume.members[m.index] if resume is not None else None
-        if resume is not None:
+        if resume is not None and m.state == RUNNING:  # else finished already (a replayed member)
             m.state = resume.states[m.index]
         scores.append(TaskScores.start(space, m.progress, own))
+    trains = any(m.state == RUNNING for m in members)
     tasks = list(members[0].configs)
     start = resume.task_index if resume is not None else 0
     closing: list[threading.Thread] = []  # the runs of pruned members, being closed
@@ -200,6 +201,8 @@ def run_pack(
             finish_trial(m.tracker, m.progress, m.params, m.metrics, step)
             m.state = DONE
         report(result(step))
+    if not trains and any(m.metrics for m in members):  # every member replayed: Tune gets their ends
+        report(result(max(m.step for m in members)))
     for thread in closing:
         thread.join()
     return members

@@ -15,7 +15,9 @@ Each member's result reaches its own Optuna trial: its objective at every report
 stopped, and COMPLETE with its final objective (or FAIL, when the pack failed for good).
 Its state is saved and restored with Tune's (``--resume``); a restore also refills the
 rung board (`service.sweep.rungs`) from the members' intermediate values, including those
-of members whose results it read back from MLflow (`service.sweep.study_sync`).
+of members whose results it read back from MLflow (`service.sweep.study_sync`). Members an
+interrupted driver asked after Tune's last snapshot and that did not finish are not marked
+FAIL: they are packed again (`resume_study`), so a resumed sweep trains exactly its plan.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ from service.pack_structure import structure_key
 from service.search.assign import active_params, run_configs
 from service.search.packing import packable_params
 from service.search.space import SearchSpace
+from service.sweep import kill_points
 from service.sweep.results import (
     DONE,
     PACK_MEMBERS,
     PRUNED,
     RUN_CONFIGS,
     STATE,
+    member_key,
     member_results,
 )
 from service.sweep.rungs import RungSpec, board
@@ -66,10 +70,15 @@ class PackedOptunaSearch(ResumableOptunaSearch):
 
     def _ask(self) -> Any:
         trial = self._ot_study.ask()
+        self._asked += 1
+        return self._adopt(trial)
+
+    def _adopt(self, trial: Any) -> Any:
+        """Note a trial's searched values and structure keys (define-by-run: a trial asked
+        before, run again after a resume, gets the values it has)."""
         space = self._sweep_space
         values = self._suggest_from_define_by_run_func(self._space, trial)
         params = active_params(space, {k: v for k, v in values.items() if k in space.params})
-        self._asked += 1
         self._params[trial.number] = params
         try:
             self._keys[trial.number] = [structure_key(c) for c in run_configs(space, params).values()]
@@ -87,6 +96,8 @@ class PackedOptunaSearch(ResumableOptunaSearch):
     def suggest(self, trial_id: str) -> dict | str | None:
         if trial_id in self._groups:
             return {PACK_MEMBERS: [self._member(t) for t in self._groups[trial_id]]}
+        if not self._ot_study.get_trials(deepcopy=False):
+            kill_points.reached("before_trials")
         if self._asked >= self._planned and not self._spare:
             return self.FINISHED
         if self._rungs is not None and not self._groups:
@@ -108,7 +119,9 @@ class PackedOptunaSearch(ResumableOptunaSearch):
         for index, trial in enumerate(members):
             trial.set_user_attr("nalu_sweep.pack_group", trial_id)
             trial.set_user_attr("nalu_sweep.pack_index", index)
+            self._rekey(trial.number, member_key(trial_id, index))
         self._groups[trial_id] = members
+        kill_points.reached("trial_started")
         return {PACK_MEMBERS: [self._member(t) for t in members]}
 
     def _is_finished(self, trial: Any) -> bool:
@@ -130,10 +143,13 @@ class PackedOptunaSearch(ResumableOptunaSearch):
         members = member_results(result)
         for index, trial in enumerate(group):
             shown = members.get(index)
-            if not shown or self._is_finished(trial):
+            frozen = trial.storage.get_trial(trial._trial_id)
+            if not shown or frozen.state.is_finished():
                 continue
+            step = int(result["training_iteration"])
             try:
-                trial.report(float(shown[self.metric]), int(result["training_iteration"]))
+                if step not in frozen.intermediate_values:  # else reported by a killed driver's attempt
+                    trial.report(float(shown[self.metric]), step)
             except UpdateFinishedTrialError:
                 continue
             if shown.get(STATE) == PRUNED:
@@ -158,7 +174,33 @@ class PackedOptunaSearch(ResumableOptunaSearch):
             else:
                 self._tell(trial, None, TrialState.FAIL)
         self._completed_trials.add(trial_id)
+        kill_points.reached("trial_finished")
         return None
+
+    def _rekey(self, number: int, key: str) -> None:
+        """Give the run of a member run again (`resume_study`) its key in its new pack, where
+        the pack's worker opens it (`execute_pack`): the same run continues, under the key
+        the sweep's end settles it by."""
+        run_id = getattr(self, "_reopened_runs", {}).pop(number, None)
+        records = getattr(self, "_records", None)
+        if run_id is None or records is None:
+            return
+        from service.tracking import store
+
+        client = store.client(records.tracking_uri)
+        store.retry(lambda: client.set_tag(run_id, store.TAG_TRIAL_KEY, key))
+
+    def resume_study(self) -> None:
+        """As for lone trials; the members the interrupted driver asked after Tune's last
+        snapshot, unfinished, are packed again (those that share a structure together), each
+        with its setting, Optuna trial and run; its members that finished are not run again.
+        Members of a pack Tune restores that finished after the snapshot are replayed by
+        their pack (`execute_pack`)."""
+        super().resume_study()
+        reopened, self._reopened = self._reopened, []
+        for trial, _ in reopened:
+            self._spare.append(self._adopt(trial))
+        self._asked = max(self._asked, len(self._ot_study.get_trials(deepcopy=False)))
 
     def live_numbers(self) -> list[int]:
         packed = [t.number for members in self._groups.values() for t in members]

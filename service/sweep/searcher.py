@@ -90,6 +90,7 @@ class ResumableOptunaSearch(OptunaSearch):
         self._settled: list[int] = []  # runs closed as the study had their trials on restore
         self._reopened: list[tuple[Any, str | None]] = []  # (trial, its run's key) to run again
         self._keys: dict[str, str] = {}  # Tune trial id -> the key of the run it reopens
+        self._reopened_runs: dict[int, str] = {}  # Optuna trial number -> the run id of a trial to run again
 
     def suggest(self, trial_id: str) -> dict | str | None:
         from service.search.assign import active_params, run_configs
@@ -138,12 +139,10 @@ class ResumableOptunaSearch(OptunaSearch):
         self._keys = getattr(self, "_keys", {})
         if records is not None and space is not None:
             try:
-                lone = getattr(self, "_pack", 1) == 1  # a pack's members are re-asked by their pack
-                extended = extend_study(self._ot_study, records, space) if lone else []
+                extended = extend_study(self._ot_study, records, space)
                 self._synced = extended + sync_study(self._ot_study, records, space)
                 self._settled = settle_told_runs(self._ot_study, records, space)
-                if lone:
-                    self._reopened = self._reopen(records)
+                self._reopened = self._reopen(records)
             except Exception as e:  # noqa: BLE001 - the store checked out a moment ago; the sweep goes on
                 logger.warning("could not read the trial runs back from MLflow (%s); a trial that finished "
                                "there just before the interruption is marked FAIL in the Optuna study", e)
@@ -159,7 +158,9 @@ class ResumableOptunaSearch(OptunaSearch):
         from service.tracking import store
 
         live = set(self.live_numbers())
-        return reopen_trials(self._ot_study, unfinished_runs(store.client(records.tracking_uri), records, live), live)
+        unfinished = unfinished_runs(store.client(records.tracking_uri), records, live)
+        self._reopened_runs = {r.number: r.run_id for r in unfinished}
+        return reopen_trials(self._ot_study, unfinished, live)
 
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         from optuna.exceptions import UpdateFinishedTrialError

@@ -17,8 +17,10 @@ from service.sweep.results import (
     DONE,
     OPTUNA_TRIAL,
     PACK_MEMBERS,
+    PRUNED,
     RUN_CONFIGS,
     RUNNING,
+    STEP,
     member_key,
     trial_key,
 )
@@ -164,6 +166,18 @@ def _trained_before(tracker: runs.TrialRun, space: SearchSpace) -> bool:
     return last is not None and last >= space.steps * len(space.task_configs())
 
 
+def _replay(member: Any, settings: TrialSettings, space: SearchSpace) -> None:
+    """A member whose run finished before the driver died, after Tune's last snapshot
+    (which restored its pack as running), keeps that end: its last report, as done or
+    pruned, is the pack's to report; it is neither trained nor its run reopened."""
+    last = settings.replay.get(member.number)
+    if last is None:
+        return
+    member.metrics = {k: v for k, v in last.items() if k != STEP}
+    member.step = int(last[STEP])
+    member.state = DONE if member.step >= space.steps * len(space.task_configs()) else PRUNED
+
+
 def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
     """A pack of trials (`service.sweep.pack`): each member's MLflow run opened (or reopened)
     and closed as its own trial's; a member ASHA stops is judged by the sweep's rung board
@@ -192,6 +206,7 @@ def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
         params = active_params(space, m["params"])
         members.append(Member(index, int(m["number"]), params,
                               m.get(RUN_CONFIGS) or _buildable_configs(space, params)))
+        _replay(members[-1], settings, space)
     resume, problem = None, None
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None and all(m.configs for m in members):
@@ -201,7 +216,7 @@ def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
         except Exception as e:  # noqa: BLE001 - recorded in the members' runs below
             problem = e
     for m in members:
-        if resume is None or resume.states[m.index] == RUNNING:
+        if m.state == RUNNING and (resume is None or resume.states[m.index] == RUNNING):
             m.tracker = _open_run(settings, space, member_key(trial_id, m.index), m.params, m.configs, {
                 store.TAG_PACK_GROUP: trial_id, store.TAG_PACK_INDEX: str(m.index),
                 store.TAG_OPTUNA_TRIAL: str(m.number)})

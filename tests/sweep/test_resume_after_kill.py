@@ -47,10 +47,13 @@ def _calm(out: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("with_db", [True, False], ids=["optuna-storage", "in-memory-study"])
+@pytest.mark.parametrize(("with_db", "pack"), [(True, 1), (False, 1), (True, 2)],
+                         ids=["optuna-storage", "in-memory-study", "packed"])
 def test_a_sweep_killed_at_every_moment_ends_with_its_plan(ray_address, tmp_path, monkeypatch, cli_process,
-                                                           with_db):
-    (tmp_path / "killed.yaml").write_text(yaml.safe_dump(SPEC))
+                                                           with_db, pack):
+    """``packed``: three packs of two members (the members of a pack share the optimizer);
+    a moment counts packs, as Tune's trials."""
+    (tmp_path / "killed.yaml").write_text(yaml.safe_dump({**SPEC, "pack": pack}))
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     args = ["sweep", "killed.yaml", *(["--optuna-storage", url] if with_db else [])]
     for number, (moment, flags) in enumerate(ROUNDS):

@@ -11,7 +11,7 @@ from service.scoring.objective import OBJECTIVE
 from service.search.loading import parse_space
 from service.search.sampler import DefineByRun
 from service.sweep.pack_search import PackedOptunaSearch
-from service.sweep.results import OPTUNA_TRIAL, PACK_MEMBERS, PRUNED, RUN_CONFIGS, STATE
+from service.sweep.results import OPTUNA_TRIAL, PACK_MEMBERS, PRUNED, RUN_CONFIGS, STATE, member_key
 from service.sweep.searcher import ResumableOptunaSearch
 from service.sweep.study_sync import (
     TrialRecords,
@@ -223,7 +223,8 @@ def test_a_pack_member_pruned_before_the_kill_keeps_its_run_and_its_rung(tmp_pat
     """The case a killed packed sweep met: a pack started after Tune's snapshot, its second
     member pruned at a rung and told to the study, its run still open when the driver
     died. The member keeps its run (closed as pruned) and its place on the rung board;
-    its partner, still training, is abandoned (FAIL) and its run stays interrupted."""
+    its partner, still training, is not marked FAIL: it leads the next pack Tune asks for,
+    with its setting, Optuna trial and run (re-keyed to its place in that pack)."""
     client, records = _records(tmp_path)
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     space = _space(pack=2, sampler={"type": "random", "seed": 3})
@@ -250,13 +251,18 @@ def test_a_pack_member_pruned_before_the_kill_keeps_its_run_and_its_rung(tmp_pat
     after = packed()
     after.restore(str(tmp_path / "searcher.pkl"))
     study = optuna.load_study(study_name="sync", storage=url)
-    assert [t.state for t in study.trials[2:]] == [States.FAIL, States.PRUNED]
+    assert [t.state for t in study.trials[2:]] == [States.RUNNING, States.PRUNED]
     partner, pruned = (client.get_run(r) for r in opened)
     assert (partner.info.status, partner.data.tags[store.TAG_OUTCOME]) == ("KILLED", Outcome.INTERRUPTED)
     assert (pruned.info.status, pruned.data.tags[store.TAG_OUTCOME]) == ("FINISHED", Outcome.PRUNED)
     assert pruned.data.metrics[OBJECTIVE] == 0.05
     assert after._settled == [3]
     assert [r for r in after.board_records() if r[0] >= 2] == [(3, 1, 0.15, True), (3, 2, 0.05, False)]
+    again = after.suggest("c")[PACK_MEMBERS]
+    assert again[0]["number"] == 2 and again[0]["params"] == pytest.approx(members[0]["params"])
+    assert [m["number"] for m in again[1:]] == [4]  # filled with a new trial of the same structure
+    assert client.get_run(opened[0]).data.tags[store.TAG_TRIAL_KEY] == member_key("c", 0)
+    assert after.suggest("d") != after.FINISHED and after.suggest("e") == after.FINISHED  # 6 in all
 
 
 def test_a_store_that_cannot_be_read_leaves_the_old_behaviour(tmp_path, caplog):
