@@ -117,7 +117,8 @@ def prometheus_stack():
         pytest.skip(why)
     root = Path(tempfile.mkdtemp(prefix="nsprom", dir="/tmp"))  # Ray's sockets: a short path
     stack = loopback_stack.Cluster(root)
-    env = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", **FAST_METRICS,
+    # Ray's default authentication: the head finds this token and turns token authentication on
+    env = {"RAY_AUTH_TOKEN": stack.ray_token, "RAY_USAGE_STATS_ENABLED": "0", **FAST_METRICS,
            "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     ray_temp = root / "ray"
     port, metrics_port, dash_port = (loopback_stack.free_port() for _ in range(3))
@@ -178,7 +179,8 @@ def swept(prometheus_stack):
     (work / "space.yaml").write_text(SPACE)
     tracking = f"sqlite:///{work / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_ADDRESS"))}
-    env.update(prometheus_stack["env"], TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1", COLUMNS="200")
+    # the driver's own plain `ray.init` by address sends the token only in token mode (Ray's client setting)
+    env.update(prometheus_stack["env"], RAY_AUTH_MODE="token", TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1", COLUMNS="200")
     driver = ("import sys, time\nimport ray\n"
               f"ray.init(address={prometheus_stack['address']!r}, log_to_driver=False)\n"
               "from service.cli import app\n"

@@ -121,7 +121,9 @@ def test_the_batch_script_runs_a_sweep_on_two_slurm_nodes(slurm):
     (work / "space.yaml").write_text(SPACE)
     tracking = f"sqlite:///{work / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "RAY_", "SLURM_"))}
-    env.update(slurm_env, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0", TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1",
+    # Ray's default authentication: the script generates the job's token in this home of its own
+    (root / "home").mkdir()
+    env.update(slurm_env, HOME=str(root / "home"), RAY_USAGE_STATS_ENABLED="0", TUNE_DISABLE_AUTO_CALLBACK_LOGGERS="1",
                RAY_PORT=str(loopback_stack.free_port(NODES["nalu1"])), RAY_TEMP_DIR=str(root / "ray"),
                RAY_START_ARGS=f"--min-worker-port=0 --max-worker-port=0 --object-store-memory={100 * 2**20}",
                RAY_NODE_WAIT_S="90",
@@ -142,6 +144,7 @@ def test_the_batch_script_runs_a_sweep_on_two_slurm_nodes(slurm):
     output = (work / "job.out").read_text(errors="replace") if (work / "job.out").exists() else ""
     assert job.get("JobState") == "COMPLETED" and job.get("ExitCode") == "0:0", f"{job}\n{output[-4000:]}"
     assert "2 node(s)" in output
+    assert (root / "home" / ".ray" / "auth_token").is_file()  # the cluster ran with the job's token
 
     from mlflow.tracking import MlflowClient
 
