@@ -40,6 +40,13 @@ def sweep(
     eval_every: Optional[int] = typer.Option(None, help="Evaluate and report every k steps (default: the file's)."),
     concurrency: Optional[int] = typer.Option(None, help="Trials running at once (default: the file's)."),
     pack: Optional[int] = typer.Option(None, help="Train up to K trials as one computation (default: the file's, 1)."),
+    scheduler: Optional[str] = typer.Option(
+        None, metavar="asha|race|none",
+        help="How trials are stopped (default: the file's). asha: by steps, at rungs of the intermediate "
+             "objective. race: by seeds — each setting trains a first block of seeds and gets more (×2 up "
+             "to a maximum) only while a paired test on the seeds it shares with the best setting so far "
+             "cannot show it worse (docs/racing.md; the file's scheduler keys first_block, growth, "
+             "max_seeds, alpha, test set it). none: every trial trains all its seeds and steps."),
     cpus_per_trial: Optional[float] = typer.Option(None, help="CPUs reserved per trial (torch uses as many threads)."),
     gpus_per_trial: Optional[float] = typer.Option(None, help="GPUs per trial; fractions share a GPU, e.g. 0.25."),
     name: Optional[str] = typer.Option(None, help="Sweep name: MLflow experiment and Ray experiment directory (default: the file's 'name')."),
@@ -78,7 +85,7 @@ def sweep(
         space = with_overrides(
             load_space(space_file), f"{space_file} with the command-line options",
             trials=trials, seeds=seeds, steps=steps, eval_every=eval_every, concurrency=concurrency,
-            cpus=cpus_per_trial, gpus=gpus_per_trial, pack=pack,
+            cpus=cpus_per_trial, gpus=gpus_per_trial, pack=pack, scheduler=scheduler,
         )
         sweep_name = space.name if name is None else name
         require_sweep_name(sweep_name, f"{space_file}: name")
@@ -94,7 +101,9 @@ def sweep(
             keep_ray=validate is not None,
         )
         packs = f" (in packs of {space.pack})" if space.pack > 1 else ""
-        console.print(f"sweep [bold]{sweep_name}[/]: {space.trials} trials × {space.seeds} seeds × {space.steps} "
+        race = space.scheduler.race() if space.scheduler.type == "race" else None
+        seeds_text = f"{race.first_block}–{race.max_seeds} seeds (raced)" if race else f"{space.seeds} seeds"
+        console.print(f"sweep [bold]{sweep_name}[/]: {space.trials} trials × {seeds_text} × {space.steps} "
                       f"steps, {space.concurrency} at a time{packs}; tracking {redact(options.tracking_uri)}",
                       highlight=False)
         summary = run_sweep(space, options, console)
@@ -207,12 +216,14 @@ def status(
         v = views[0]
         fresh = validated[v.run_id]
         trials = Table(title=f"trials of {v.name}")
+        raced = any(t.race for t in v.trials)  # a race: the seeds each setting got, where it left
         for col in ("trial", "outcome", "status", "objective", "success [95% CI]",
-                    *(["validation [95% CI]"] if fresh else [])):
+                    *(["validation [95% CI]"] if fresh else []), *(["seeds", "race"] if raced else [])):
             trials.add_column(col)
         for t in v.trials:
             trials.add_row(t.name, t.outcome, t.status, fmt_number(t.objective, ".4f"), success_cell(t.metrics),
-                           *([success_cell(fresh[t.run_id]) if t.run_id in fresh else "—"] if fresh else []))
+                           *([success_cell(fresh[t.run_id]) if t.run_id in fresh else "—"] if fresh else []),
+                           *([fmt_number(t.metrics.get("n_seeds"), ".0f"), t.race or "—"] if raced else []))
         print_wide(trials)
 
 

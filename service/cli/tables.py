@@ -36,19 +36,21 @@ def best_table(view, top: int, include_pruned: bool = False, width: int | None =
                    "sparsity error (solved, best step)": lambda m: fmt_number(m.get("sparsity_error_mean")),
                    "final sparsity error": lambda m: fmt_number(m.get("final_sparsity_error_mean")),
                    "diverged": lambda m: fmt_number(m.get("diverged"), ".0f")}
+    race = {r.run_id: r.race for r in rows if r.race}  # a race: where each setting stands or left
     metric_cols = {col: cell for col, cell in metric_cols.items()
                    if col == "success [95% CI]" or any(cell(r.metrics) != MISSING for r in rows)}
     if any(r.run_id in validated for r in rows):  # beside the search's interval
         cols = list(metric_cols.items())
         cols.insert(1, ("validation [95% CI]", None))
         metric_cols = dict(cols)
-    header = ["#", "trial", *names, *metric_cols, "objective"] + (["outcome"] if include_pruned else [])
+    header = (["#", "trial", *names, *metric_cols, "objective"] + (["race"] if race else [])
+              + (["outcome"] if include_pruned else []))
     body = []
     for i, r in enumerate(rows, 1):
         fresh = success_cell(validated[r.run_id]) if r.run_id in validated else MISSING
         cells = [str(i), r.name, *(fmt_param(r.params.get(n)) for n in names),
                  *(cell(r.metrics) if cell else fresh for cell in metric_cols.values()),
-                 fmt_number(r.objective, ".4f")]
+                 fmt_number(r.objective, ".4f")] + ([race.get(r.run_id, MISSING)] if race else [])
         body.append(cells + ([str(r.outcome)] if include_pruned else []))
     natural = sum(max(len(h), *(len(c[j]) for c in body)) + 3 for j, h in enumerate(header)) + 1 if body else 0
     table = Table(title=f"sweep {view.name}: top {len(rows)} by success_ci_low "
@@ -69,6 +71,8 @@ def best_table(view, top: int, include_pruned: bool = False, width: int | None =
         by = dict(zip(header, cells))
         details = [f"{n}={by[n]}" for n in names if by[n] != MISSING]
         details += [f"{h}: {by[h]}" for h in metric_cols if h not in firsts]
+        if race:
+            details.append(f"race: {by['race']}")
         if include_pruned:
             details.append(f"outcome: {by['outcome']}")
         table.add_row(*(by[h] for h in firsts), ", ".join(details))

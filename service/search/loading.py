@@ -21,6 +21,7 @@ from service.errors import (
     unknown_key_message,
 )
 from service.search.packing import pack_problems
+from service.search.scheduler import SchedulerSpec
 from service.search.space import (
     DISTRIBUTIONS,
     CategoricalParam,
@@ -28,7 +29,6 @@ from service.search.space import (
     LogUniformParam,
     Resources,
     SamplerSpec,
-    SchedulerSpec,
     SearchSpace,
     SearchSpaceError,
     UniformParam,
@@ -269,6 +269,8 @@ def with_overrides(space: SearchSpace, source: str = "command line", **overrides
     if "cpus" in changes or "gpus" in changes:
         data["resources"] = {**data.get("resources", {}), **{
             k: changes.pop(k) for k in ("cpus", "gpus") if k in changes}}
+    if changes.get("scheduler") == data["scheduler"]["type"]:
+        del changes["scheduler"]  # the file's scheduler, with its settings
     data.update(changes)
     return parse_space(data, source=source)
 

@@ -26,6 +26,7 @@ from service import limits
 from service.errors import UserError
 from service.frozen import Frozen
 from service.names import sweep_name_problem
+from service.search.scheduler import RACE_KEYS, SchedulerSpec
 
 Primitive = Union[bool, int, float, str]
 DISTRIBUTIONS = ("loguniform", "uniform", "int", "categorical")
@@ -137,18 +138,6 @@ Param = Annotated[
 ]
 
 
-class SchedulerSpec(Frozen):
-    """ASHA stops hopeless trials early: at each rung only the top 1/``reduction_factor``
-    by the intermediate objective continue. ``grace_period`` is in training steps."""
-
-    type: Literal["asha", "none"] = "asha"
-    grace_period: int | None = Field(
-        None, ge=1, le=limits.MAX_STEPS, description="training steps before a trial can be stopped (default: steps / 8)"
-    )
-    reduction_factor: float = Field(3.0, gt=1, le=1000)
-    brackets: int = Field(1, ge=1, le=100)
-
-
 class SamplerSpec(Frozen):
     """How Optuna proposes trials: ``tpe`` (default; learns from finished trials),
     ``random``, or ``grid`` (every combination of categorical parameters once)."""
@@ -253,6 +242,9 @@ class SearchSpace(Frozen):
         data = self.model_dump(mode="json")
         if data.get("pack") == 1:  # the default: a space from before packing keeps its hash
             del data["pack"]
+        for key in RACE_KEYS:  # unset race keys: a space from before racing keeps its hash
+            if data["scheduler"].get(key) is None:
+                del data["scheduler"][key]
         return json.dumps(data, sort_keys=True, indent=1)
 
     def spec_hash(self) -> str:
@@ -287,12 +279,33 @@ class SearchSpace(Frozen):
             out.extend(_param_problems(self, name, p))
         if self.sampler.type == "grid":
             out.extend(self._grid_problems())
+        out.extend(self.scheduler.problems())
+        if self.scheduler.type == "race":
+            out.extend(self._race_problems())
         if self.pack > 1 and self.pack * self.seeds > limits.MAX_SEEDS:
             out.append(("pack", (f"pack × seeds ({self.pack} × {self.seeds}) must be ≤ {limits.MAX_SEEDS}, "
                                  "the seeds one computation may train")))
         if not out:
             out.extend(self._cycle_problems())
         return out
+
+    def _race_problems(self) -> list[tuple[str, str]]:
+        """A race pairs settings seed by seed: every setting trains the same seed ids."""
+        out = []
+        if self.pack > 1:
+            out.append(("pack", "racing ('scheduler: race') trains one setting per trial; "
+                                "pack > 1 is not supported with it yet (use pack: 1)"))
+        for name, p in self.params.items():
+            paired = sorted({t.split(".")[0] for t in p.targets(name)} & {"seeds", "seed_offset", "master_seed"})
+            if paired:
+                out.append((f"params.{name}", f"targets {paired[0]}: a race compares settings on the same seeds, "
+                                              "so the seeds cannot be searched"))
+        return out
+
+    def trial_seeds(self) -> int:
+        """The seeds a trial's run config spans: ``seeds``, or a race's ``max_seeds`` (its
+        blocks are slices of them: `service.sweep.race_trial`)."""
+        return self.scheduler.race().max_seeds if self.scheduler.type == "race" else self.seeds
 
     def _grid_problems(self) -> list[tuple[str, str]]:
         out = []

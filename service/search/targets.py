@@ -74,7 +74,7 @@ def run_config_data(space: SearchSpace, params: dict[str, Any], task_name: str) 
 
     data = copy.deepcopy(space.fixed)
     data["task"] = copy.deepcopy(space.task_configs()[task_name])
-    data["seeds"] = space.seeds
+    data["seeds"] = space.trial_seeds()  # a race: every seed its blocks can reach
     train = data.setdefault("train", {})
     train["steps"] = space.steps
     train["eval_every"] = space.eval_every

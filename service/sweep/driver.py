@@ -126,6 +126,11 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
             max_t=space.total_reports(), grace_period=space.grace_reports(),
             reduction_factor=space.scheduler.reduction_factor, brackets=space.scheduler.brackets,
         )
+    elif space.scheduler.type == "race":  # seed blocks, decided against the incumbent
+        from service.sweep.race_scheduler import RaceScheduler
+
+        searcher = ResumableOptunaSearch(**args)
+        scheduler = RaceScheduler(space.scheduler.race(), records)
     else:
         searcher = ResumableOptunaSearch(**args)
         scheduler = FIFOScheduler()
@@ -296,6 +301,7 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
             params={"trials": space.trials, "seeds": space.seeds, "steps": space.steps,
                     "eval_every": space.eval_every, "concurrency": space.concurrency,
                     "scheduler": space.scheduler.type, "objective": space.objective,
+                    **({"race": repr(space.scheduler.race())} if space.scheduler.type == "race" else {}),
                     "sampler": space.sampler.type, "cpus_per_trial": space.resources.cpus,
                     "gpus_per_trial": space.resources.gpus,
                     "searched": ", ".join(space.params) or "(none)", "tasks": ", ".join(space.task_configs()),

@@ -138,6 +138,13 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
     progress = TrialProgress()
     outcome = Outcome.FAILED
     try:
+        if space.scheduler.type == "race":  # seed block after seed block (service.sweep.race_trial)
+            from service.sweep.race_trial import run_race
+
+            run_race(params, space, configs or run_configs(space, params), tune.get_checkpoint(), tune.report,
+                     tracker=tracker, progress=progress, report_checkpoint=_report_checkpoint)
+            outcome = Outcome.COMPLETED
+            return
         resume = None
         checkpoint = tune.get_checkpoint()
         if checkpoint is not None:

@@ -48,7 +48,7 @@ def used_seed_ids(space: SearchSpace, trial_params: list[dict[str, str]], earlie
         try:
             configs = trial_configs(space, params)
         except Exception:  # noqa: BLE001 - a trial we cannot rebuild: assume the space's seeds
-            used.update(range(0, space.seeds + int(space.fixed.get("seed_offset", 0) or 0)))
+            used.update(range(0, space.trial_seeds() + int(space.fixed.get("seed_offset", 0) or 0)))
             continue
         for config in configs.values():
             used.update(config.seed_ids)

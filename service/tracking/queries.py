@@ -28,6 +28,7 @@ class TrialRow:
     metrics: dict[str, float]
     start_time: int | None = None
     run_name: str = ""  # the MLflow run name: the trial's settings (`formatting.settings_label`)
+    race: str = ""  # a racing trial: where it stands or left ("eliminated after block 1"; `race_standing`)
 
     @property
     def objective(self) -> float | None:
@@ -98,7 +99,17 @@ def _trial_row(run: Any) -> TrialRow:
         run_id=run.info.run_id, name=f"trial-{key}" if key else run_name, status=run.info.status,
         outcome=run.data.tags.get(store.TAG_OUTCOME, ""), params=dict(run.data.params),
         metrics=dict(run.data.metrics), start_time=run.info.start_time, run_name=run_name,
+        race=race_standing(run.data.tags),
     )
+
+
+def race_standing(tags: dict[str, str]) -> str:
+    """A racing trial's standing from its run's tags: ``incumbent`` (the pick once the sweep
+    ended), or why and after which block it left (`service.sweep.race_scheduler`); "" else."""
+    reason = tags.get(store.TAG_RACE_EXIT, "")
+    if not reason or reason == "incumbent":
+        return reason
+    return f"{reason} after block {tags.get(store.TAG_RACE_EXIT_BLOCK, '?')}"
 
 
 def _view(client: Any, experiment_id: str, parent: Any, with_trials: bool) -> SweepView:

@@ -1,0 +1,173 @@
+"""The race as a Tune scheduler (``scheduler: race``): after each block of seeds a trial
+reports its per-seed outcomes (`service.sweep.race_trial`), and `RaceScheduler`'s
+``on_trial_result`` answers CONTINUE (train the next block) or STOP, by `race.decide`
+against the incumbent on the seeds both have.
+
+**The incumbent trains to the maximum.** The first setting to report is the incumbent;
+while it is the incumbent it gets every block up to ``max_seeds`` (Tune: CONTINUE), and a
+challenger is compared with it on the seeds both have, at each of the challenger's
+budgets. Why not extend the incumbent only when a challenger ties it, as the sequential
+race (`race.replay`) does: a Tune function trial that has ended cannot get more seeds, and
+keeping it paused between blocks (Tune's PAUSE) costs a stop and a restore of its actor
+per block and leaves the choice of when it runs to Tune. Trained ahead, the incumbent's
+first n seeds are exactly the seeds the replay would have given it by then, so every
+comparison — and so every elimination and the pick — is the replay's, for trials that
+arrive one after the other (``concurrency: 1``); the price is the seeds of an incumbent
+that no challenger would have pushed to the maximum (and of one later replaced).
+
+With ``concurrency > 1`` a challenger may report before the incumbent has as many seeds:
+it is compared on the seeds both have (the same decisions at the same budgets), and one
+that reaches the maximum first waits, undecided, until the incumbent gets there. A
+challenger shown better replaces the incumbent at once; the old incumbent's trial stops at
+its next report. When both reach the maximum undecided, the better `race.evidence` (of the
+worst task) stays the incumbent, the incumbent on a tie.
+
+Where each setting left is tagged on its MLflow run (``nalu_sweep.race.exit``: incumbent,
+eliminated, replaced, lost at max; ``nalu_sweep.race.exit_block``) as it is decided.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+from service.scoring.race import BETTER, WORSE, Outcome, RaceSpec, decide, evidence
+from service.sweep.race_trial import (
+    RACE_BLOCK,
+    RACE_OUTCOMES,
+    RACE_SEEDS,
+    decode_outcomes,
+)
+from service.sweep.results import trial_key
+from service.sweep.study_sync import TrialRecords
+
+logger = logging.getLogger(__name__)
+INCUMBENT, ELIMINATED, REPLACED, LOST_AT_MAX = "incumbent", "eliminated", "replaced", "lost at max"
+
+
+class ExitTags:
+    """Writes a racing trial's standing to its MLflow run, from the driver (plain data when
+    pickled with Tune's experiment: the client is made again where it is used)."""
+
+    def __init__(self, records: TrialRecords | None) -> None:
+        self.records = records
+        self._client: Any = None
+        self._runs: dict[str, str] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"records": self.records, "_client": None, "_runs": {}}
+
+    def write(self, key: str, reason: str, blocks: int) -> None:
+        if self.records is None:
+            return
+        from service.tracking import runs, store
+
+        try:
+            if self._client is None:
+                self._client = store.client(self.records.tracking_uri)
+            if key not in self._runs:
+                found = runs.all_runs(self._client, [self.records.experiment_id],
+                                      f"tags.`{store.TAG_TRIAL_KEY}` = {runs.quote(key)} AND "
+                                      f"tags.`{store.TAG_PARENT}` = {runs.quote(self.records.parent_run_id)}")
+                if not found:
+                    logger.warning("race: no MLflow run for trial %s; its standing (%s) is not recorded", key, reason)
+                    return
+                self._runs[key] = found[0].info.run_id
+            tags = {store.TAG_RACE_EXIT: reason, store.TAG_RACE_EXIT_BLOCK: str(blocks)}
+            for name, value in tags.items():
+                store.retry(lambda n=name, v=value: self._client.set_tag(self._runs[key], n, v))
+        except Exception as e:  # noqa: BLE001 - a record, never a reason to stop the sweep
+            logger.warning("race: could not tag trial %s's run (%s): %s", key, reason, e)
+
+
+class RaceScheduler(FIFOScheduler):
+    """Tune's FIFO scheduler that races the trials by seed blocks (module docstring)."""
+
+    def __init__(self, spec: RaceSpec, records: TrialRecords | None = None) -> None:
+        super().__init__()
+        self.spec = spec
+        self.tags = ExitTags(records)
+        self.outcomes: dict[str, dict[Any, Outcome]] = {}  # trial id -> instance -> outcome
+        self.seeds: dict[str, int] = {}
+        self.blocks: dict[str, int] = {}
+        self.keys: dict[str, str] = {}  # trial id -> its MLflow run's trial key
+        self.incumbent: str | None = None
+        self.exits: dict[str, tuple[str, int]] = {}  # trial id -> (reason, seeds when it left)
+        self.waiting: list[str] = []  # at the maximum, undecided: the incumbent has fewer seeds
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+        if RACE_OUTCOMES not in result:
+            return TrialScheduler.CONTINUE
+        t = trial.trial_id
+        self.outcomes[t] = decode_outcomes(str(result[RACE_OUTCOMES]))
+        self.seeds[t] = int(result[RACE_SEEDS])
+        self.blocks[t] = int(result[RACE_BLOCK])
+        self.keys[t] = trial_key(t, trial.config)
+        return TrialScheduler.STOP if self._decide(t) else TrialScheduler.CONTINUE
+
+    # -- the rule ---------------------------------------------------------------------------
+    def _decide(self, t: str) -> bool:
+        """Record what ``t``'s report decides; True when its trial stops here."""
+        at_max = self.seeds[t] >= self.spec.max_seeds
+        if t in self.exits:  # replaced while it trained
+            return True
+        if self.incumbent is None:
+            self._crown(t)
+        if t == self.incumbent:
+            for c in list(self.waiting):
+                self._judge(c)
+            return at_max
+        left = self._judge(t)
+        if not left and at_max and t != self.incumbent:
+            self.waiting.append(t)
+        return left or at_max
+
+    def _judge(self, c: str) -> bool:
+        """Challenger ``c`` against the incumbent on the seeds both have; True when ``c`` left."""
+        i = self.incumbent
+        assert i is not None
+        n = min(self.seeds[c], self.seeds[i])
+        mine, theirs = self._first(c, n), self._first(i, n)
+        verdict = decide(mine, theirs, self.spec)
+        if verdict == WORSE:
+            return self._leave(c, ELIMINATED)
+        if verdict == BETTER:
+            self._leave(i, REPLACED)
+            self._crown(c)
+            return False
+        if n >= self.spec.max_seeds:
+            if _worst_evidence(mine) > _worst_evidence(theirs):
+                self._leave(i, LOST_AT_MAX)
+                self._crown(c)
+                return False
+            return self._leave(c, LOST_AT_MAX)
+        return False
+
+    def _first(self, t: str, n: int) -> dict[Any, Outcome]:
+        return {k: o for k, o in self.outcomes[t].items() if (k[1] if isinstance(k, tuple) else k) < n}
+
+    def _crown(self, t: str) -> None:
+        self.incumbent = t
+        if t in self.waiting:
+            self.waiting.remove(t)
+        self.tags.write(self.keys[t], INCUMBENT, self.blocks[t])
+
+    def _leave(self, t: str, reason: str) -> bool:
+        self.exits[t] = (reason, self.seeds[t])
+        if t in self.waiting:
+            self.waiting.remove(t)
+        self.tags.write(self.keys[t], reason, self.blocks[t])
+        return True
+
+    def debug_string(self) -> str:
+        return f"RaceScheduler: incumbent {self.incumbent}, {len(self.exits)} out, {len(self.waiting)} waiting"
+
+
+def _worst_evidence(outcomes: dict[Any, Outcome]) -> tuple[float, int, float]:
+    """`race.evidence` of the worst task (a setting is as good as its worst task)."""
+    tasks: dict[Any, list[Outcome]] = {}
+    for k, o in sorted(outcomes.items(), key=lambda item: repr(item[0])):
+        tasks.setdefault(k[0] if isinstance(k, tuple) else None, []).append(o)
+    return min(evidence(os) for os in tasks.values())

@@ -1,0 +1,130 @@
+"""Racing end to end (``scheduler: race``) with real Ray, Optuna and MLflow: a setting that
+cannot learn leaves after its first block of seeds while good ones get more, each setting
+is one MLflow run (per-seed results appended, one point per block), one Optuna trial (one
+intermediate value per block, the final value on all its seeds) and one Tune trial, and
+the eliminations are those of `race.replay` on the per-seed outcomes the sweep recorded."""
+
+from __future__ import annotations
+
+import csv
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from service.cli import app
+from service.scoring.race import Outcome, RaceSpec, replay
+from service.tracking import runs, store
+
+runner = CliRunner()
+SMOKE = Path(__file__).resolve().parents[2] / "search_spaces" / "smoke.yaml"
+NEVER = 1.0e-6  # a learning rate at which no seed moves far enough to succeed in 2,000 steps
+
+
+def _race_space(tmp_path: Path, **scheduler) -> Path:
+    """The smoke space's task and model, Adam, three learning rates on a grid: two that
+    solve most seeds in 2,000 steps and one that never does."""
+    data = yaml.safe_load(SMOKE.read_text())
+    data["fixed"]["train"]["optimizer"] = {"name": "adam"}
+    data["params"] = {"lr": {"type": "categorical", "choices": [0.15, NEVER, 0.1], "target": "train.optimizer.lr"}}
+    data.update(name="race-e2e", trials=3, concurrency=1, sampler={"type": "grid", "seed": 0},
+                scheduler={"type": "race", **scheduler})
+    path = tmp_path / "race.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _per_seed(client, run_id: str) -> list[bool]:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(client.download_artifacts(run_id, "seeds.csv", tmp))
+        rows = list(csv.DictReader(path.open()))
+    assert [int(r["seed"]) for r in rows] == list(range(len(rows)))  # block after block, in seed order
+    return [r["success"] == "True" for r in rows]
+
+
+@pytest.mark.slow
+def test_a_race_eliminates_a_hopeless_setting_after_its_first_block(ray_address, tmp_path):
+    import optuna
+    from ray.tune import ExperimentAnalysis
+
+    # blocks of 8, at most 16 seeds: 0/8 against ≥ 6/8 is below the level alpha/2 = 0.025
+    space = _race_space(tmp_path, first_block=8, growth=2, max_seeds=16)
+    optuna_db = f"sqlite:///{tmp_path / 'optuna.db'}"
+    result = runner.invoke(app, ["sweep", str(space), "--optuna-storage", optuna_db,
+                                 "--storage-path", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    assert "3 trials × 8–16 seeds (raced)" in " ".join(result.output.split())
+
+    client = store.client(store.resolve_tracking_uri(None))
+    experiment = client.get_experiment_by_name("race-e2e")
+    parent = runs.find_sweep_run(client, experiment.experiment_id, "race-e2e")
+    children = runs.trial_runs(client, experiment.experiment_id, parent.info.run_id)
+    assert len(children) == 3  # one MLflow run per setting
+    children.sort(key=lambda c: int(c.data.tags[store.TAG_OPTUNA_TRIAL]))
+    by_lr = {float(c.data.params["lr"]): c for c in children}
+
+    hopeless = by_lr[NEVER]
+    assert hopeless.data.tags[store.TAG_RACE_EXIT] == "eliminated"
+    assert hopeless.data.tags[store.TAG_RACE_EXIT_BLOCK] == "1"
+    assert hopeless.data.metrics["n_seeds"] == 8
+    seeds = {float(c.data.params["lr"]): c.data.metrics["n_seeds"] for c in children}
+    assert max(seeds.values()) == 16  # a good setting got more seeds
+    for child in children:
+        history = client.get_metric_history(child.info.run_id, "n_seeds")
+        blocks = int(child.data.metrics["n_seeds"]) // 8
+        assert sorted((m.step, m.value) for m in history) == [(b, 8.0 * b) for b in range(1, blocks + 1)]
+        assert len(client.get_metric_history(child.info.run_id, "success_ci_low")) == blocks
+        assert child.data.tags[store.TAG_OUTCOME] == "completed"
+
+    # the race as `race.replay` plays it on the outcomes the sweep recorded, in the order the
+    # sampler proposed the settings: a seed the sweep never trained is None (replay fails on it)
+    spec = RaceSpec(first_block=8, growth=2, max_seeds=16)
+    names = [c.info.run_id for c in children]
+    played = {}
+    for c in children:
+        ok = _per_seed(client, c.info.run_id)
+        assert len(ok) == c.data.metrics["n_seeds"]
+        played[c.info.run_id] = [Outcome(s) for s in ok] + [None] * (16 - len(ok))
+    replayed = replay(played, names, list(range(16)), spec)
+    for c in children:
+        tags = c.data.tags
+        if replayed.pick == c.info.run_id:
+            assert tags[store.TAG_RACE_EXIT] == "incumbent"
+        else:
+            assert tags[store.TAG_RACE_EXIT] == replayed.exits[c.info.run_id].reason
+        if tags[store.TAG_RACE_EXIT] in ("eliminated", "lost at max"):
+            assert c.data.metrics["n_seeds"] == replayed.exits[c.info.run_id].seeds
+
+    study = optuna.load_study(study_name="race-e2e", storage=optuna_db)
+    trials = study.get_trials()
+    assert len(trials) == 3  # one Optuna trial per setting
+    for t, c in zip(sorted(trials, key=lambda t: t.number), children):
+        assert t.state == optuna.trial.TrialState.COMPLETE
+        assert sorted(t.intermediate_values) == list(range(1, int(c.data.metrics["n_seeds"]) // 8 + 1))
+        assert t.value == pytest.approx(c.data.metrics["objective"])  # the value on all its seeds
+    assert len(ExperimentAnalysis(str(tmp_path / "runs" / "race-e2e")).trials) == 3  # one Tune trial each
+
+    status = runner.invoke(app, ["status", "race-e2e"])
+    assert status.exit_code == 0, status.output
+    assert "eliminated after block 1" in status.output and "incumbent" in status.output
+    best = runner.invoke(app, ["best", "race-e2e", "--top", "3"])
+    assert best.exit_code == 0 and "eliminated after block 1" in " ".join(best.output.split()), best.output
+
+
+def test_racing_refuses_packs_and_asha_settings(tmp_path):
+    space = _race_space(tmp_path)
+    packed = runner.invoke(app, ["sweep", str(space), "--pack", "2"])
+    assert packed.exit_code == 2 and "pack > 1 is not supported" in packed.output, packed.output
+    data = yaml.safe_load(space.read_text())
+    data["scheduler"] = {"type": "race", "reduction_factor": 2, "first_block": 32, "max_seeds": 16}
+    space.write_text(yaml.safe_dump(data))
+    bad = runner.invoke(app, ["sweep", str(space)])
+    text = " ".join(bad.output.split())
+    assert bad.exit_code == 2 and "scheduler.reduction_factor: ASHA's setting" in text, bad.output
+    assert "max_seeds (16) must be at least first_block (32)" in text and "Traceback" not in bad.output
+    data["scheduler"] = {"type": "asha", "max_seeds": 16}
+    space.write_text(yaml.safe_dump(data))
+    asha = runner.invoke(app, ["sweep", str(space)])
+    assert asha.exit_code == 2 and "scheduler.max_seeds: only for 'type: race'" in " ".join(asha.output.split())
