@@ -128,3 +128,44 @@ def test_racing_refuses_packs_and_asha_settings(tmp_path):
     space.write_text(yaml.safe_dump(data))
     asha = runner.invoke(app, ["sweep", str(space)])
     assert asha.exit_code == 2 and "scheduler.max_seeds: only for 'type: race'" in " ".join(asha.output.split())
+
+
+def test_the_command_line_scheduler_replaces_the_files():
+    from service.search.loading import load_space, with_overrides
+
+    smoke = load_space(SMOKE)  # ASHA with a grace period and a reduction factor of 2
+    raced = with_overrides(smoke, scheduler="race")
+    assert raced.scheduler.type == "race" and raced.scheduler.race() == RaceSpec()
+    assert raced.trial_seeds() == 64 and smoke.trial_seeds() == smoke.seeds
+    again = with_overrides(with_overrides(smoke, scheduler="race").model_copy(), scheduler="race", trials=2)
+    assert again.scheduler == raced.scheduler  # the same scheduler keeps the file's settings
+
+
+def test_validation_seeds_start_beyond_every_block_a_race_can_reach(tmp_path):
+    from service.search.loading import load_space
+    from service.sweep.validation import fresh_offset, used_seed_ids
+
+    space = load_space(_race_space(tmp_path, first_block=4, max_seeds=64))
+    used = used_seed_ids(space, [{"lr": "0.1"}], [])
+    assert set(range(64)) <= used and fresh_offset(used) == 64
+
+
+def test_a_block_trains_the_same_seeds_as_one_big_batch(tmp_path):
+    """Pairing: block 1's seeds (4-7) learn exactly as seeds 4-7 of one batch of 0-7."""
+    from service.search.assign import run_configs
+    from service.search.loading import parse_space
+    from service.sweep.race_trial import block_configs
+    from service.training import Trainer
+
+    data = yaml.safe_load(_race_space(tmp_path, first_block=4, max_seeds=8).read_text())
+    data.update(steps=60, eval_every=30)
+    data["fixed"]["train"]["regularizer"] = {"shape": "linear", "lambda_max": 0.1, "t_start": 10, "t_end": 40}
+    space = parse_space(data)
+    configs = run_configs(space, {"lr": 0.1})
+    spec = space.scheduler.race()
+    blocks = [block_configs(configs, spec, b)["small_mul"] for b in range(2)]
+    assert [(c.seed_offset, c.seeds) for c in blocks] == [(0, 4), (4, 4)]
+    whole = Trainer(configs["small_mul"]).run().seeds
+    block = Trainer(blocks[1]).run().seeds
+    assert [s.seed for s in block] == [4, 5, 6, 7]
+    assert [s.model_dump() for s in block] == [s.model_dump() for s in whole[4:]]
