@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, ValidationError
 
 from service import limits
 from service.errors import error_message
 from service.frozen import Frozen
-from service.scoring.race import RaceSpec
+
+if TYPE_CHECKING:  # numpy comes with the race rule: the read-only verbs load spaces without it
+    from service.scoring.race import RaceSpec
 
 RACE_KEYS = ("first_block", "growth", "max_seeds", "alpha", "test")
 _ASHA_DEFAULTS = {"grace_period": None, "reduction_factor": 3.0, "brackets": 1}
@@ -39,6 +41,8 @@ class SchedulerSpec(Frozen):
 
     def race(self) -> RaceSpec:
         """The race's parameters (RaceSpec checks them; `problems` reports what it refuses)."""
+        from service.scoring.race import RaceSpec
+
         return RaceSpec(**{k: getattr(self, k) for k in RACE_KEYS if getattr(self, k) is not None})
 
     def problems(self) -> list[tuple[str, str]]:
