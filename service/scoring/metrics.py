@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Mapping, Sequence
 import numpy as np
 from pydantic import BaseModel, ConfigDict, PlainSerializer
 
+from service.scoring.intervals import wilson_interval  # named here too
+
 if TYPE_CHECKING:
     import torch
 
@@ -28,26 +30,6 @@ JsonFloat = Annotated[float, PlainSerializer(_finite_or_none, when_used="json")]
 
 
 # -- intervals ----------------------------------------------------------------------------------
-def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion ``successes / n``.
-
-    ``(p + z²/2n ± z·√(p(1−p)/n + z²/4n²)) / (1 + z²/n)`` with ``z`` the normal quantile of
-    ``(1 + confidence)/2``; ``n = 0`` gives the uninformative ``(0, 1)``.
-    """
-    if n <= 0:
-        return 0.0, 1.0
-    if not 0 <= successes <= n:
-        raise ValueError(f"successes={successes} must lie in [0, n={n}]")
-    z = NormalDist().inv_cdf(0.5 + confidence / 2)
-    p = successes / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    low = 0.0 if successes == 0 else max(0.0, centre - half)
-    high = 1.0 if successes == n else min(1.0, centre + half)
-    return low, high
-
-
 def _t_two_sided_mass(t: float, df: int) -> float:
     """``P(|T| ≤ t)`` for Student's t with integer ``df`` (Abramowitz & Stegun 26.7.3–4)."""
     theta = math.atan(t / math.sqrt(df))

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from service.scoring.metrics import wilson_interval
+from service.scoring.intervals import wilson_interval
 from service.tracking import runs as tracking_runs
 from service.tracking import store
 
