@@ -110,14 +110,25 @@ def finished_runs(client: Any, records: TrialRecords, space: SearchSpace,
 
 
 def completed_run(records: TrialRecords, space: SearchSpace, number: int) -> FinishedRun | None:
-    """The run of Optuna trial ``number`` when it is closed as completed, else None. In a
-    resumed sweep, Tune may run again a trial whose earlier attempt trained all its steps
-    after the restore read the runs back (its worker outlived the killed driver): its run
-    keeps the completed result even when the scheduler stops the repeat early
-    (`service.sweep.trainable`), and the study must then agree."""
+    """The run of Optuna trial ``number`` when an attempt of it trained all its steps, else
+    None. In a resumed sweep, Tune may run again a trial whose earlier attempt trained all
+    its steps after the restore read the runs back (its worker outlived the killed driver,
+    or died before it closed the run): the repeat's worker then closes the run as completed
+    even when the scheduler stops the repeat early (`service.sweep.trainable`), and the
+    study must agree. The run may still be open when the scheduler stops the repeat, so the
+    final report in its objective history decides, not its status."""
     client = store.client(records.tracking_uri)
-    found = [r for r in finished_runs(client, records, space, lambda n: n == number) if not r.pruned]
-    return found[0] if found else None
+    final = space.reports_per_task() * len(space.task_configs())
+    for run in runs.trial_runs(client, records.experiment_id, records.parent_run_id):
+        if run.data.tags.get(store.TAG_OPTUNA_TRIAL, "") != str(number):
+            continue
+        if run.data.tags.get(store.TAG_OUTCOME) == Outcome.PRUNED and run.info.status == "FINISHED":
+            continue
+        history = store.retry(lambda run=run: client.get_metric_history(run.info.run_id, OBJECTIVE))
+        reports = reported_values(space, history)
+        if final in reports:
+            return FinishedRun(run.info.run_id, number, False, dict(run.data.params), reports[final], reports)
+    return None
 
 
 def tell_run(study: Any, frozen: Any, run: FinishedRun) -> None:
