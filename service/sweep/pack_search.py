@@ -98,6 +98,9 @@ class PackedOptunaSearch(ResumableOptunaSearch):
             return {PACK_MEMBERS: [self._member(t) for t in self._groups[trial_id]]}
         if not self._ot_study.get_trials(deepcopy=False):
             kill_points.reached("before_trials")
+        # a member the study finished meanwhile (told at its rung by a killed driver, its run
+        # left open and closed as the study has it) is not run again
+        self._spare = [t for t in self._spare if not self._is_finished(t)]
         if self._asked >= self._planned and not self._spare:
             return self.FINISHED
         if self._rungs is not None and not self._groups:
