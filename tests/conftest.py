@@ -41,6 +41,23 @@ def _no_mlflow_in_cwd(tmp_path, monkeypatch):
     yield
 
 
+@pytest.fixture
+def away(monkeypatch):
+    """An MLflow client of a tracking server that is not there (a port nobody listens on):
+    writes sent to it fail at once (no minutes of HTTP retries), as when a worker's server
+    went away or the worker was killed while its outbox drained."""
+    import socket
+
+    from service.tracking import store
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return store.client(f"http://127.0.0.1:{port}")
+
+
 @pytest.fixture(scope="session")
 def ray_address():
     """Start Ray once (2 CPUs, no dashboard) for the sweep, cli and report tests; sweeps in

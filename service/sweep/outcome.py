@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from service.errors import UserError
 from service.formatting import redact
 from service.sweep.results import (
-    DONE, PACK_MEMBERS, PRUNED, STATE, STEP, is_metric_key, member_key, member_results, stopped_early,
+    DONE, PACK_MEMBERS, PRUNED, STATE, STEP, is_metric_key, last_report, member_key, member_results, stopped_early,
     trial_key,
 )
 from service.tracking import runs, store
@@ -86,9 +86,8 @@ def finished_reports(client: Any, experiment_id: str, parent_run_id: str, total_
         if outcome == Outcome.PRUNED:
             history = store.retry(lambda run=run: client.get_metric_history(run.info.run_id, OBJECTIVE))
             step = max((int(m.step) for m in history), default=0)
-        metrics = {k: float(v) for k, v in run.data.metrics.items() if is_metric_key(k)}
-        if OBJECTIVE in metrics:
-            out[int(number)] = {**metrics, STEP: float(step)}
+        if (report := last_report(run.data.metrics, step)) is not None:
+            out[int(number)] = report
     return out
 
 

@@ -22,6 +22,13 @@ def stopped_early(result: dict[str, Any], total_steps: int) -> bool:
     return float(result.get(STEP, 0) or 0) < total_steps
 
 
+def last_report(metrics: dict[str, Any], step: int) -> dict[str, float] | None:
+    """The report a trial made last, rebuilt from its run's latest metrics (``step``: the
+    training step it ended at), or None where the run holds no objective."""
+    kept = {k: float(v) for k, v in metrics.items() if is_metric_key(k)}
+    return {**kept, STEP: float(step)} if OBJECTIVE in kept else None
+
+
 _METRIC_FIELDS = frozenset(AggregateMetrics.model_fields) | {OBJECTIVE, LONGEST_SOLVED}
 
 

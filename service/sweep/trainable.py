@@ -21,6 +21,7 @@ from service.sweep.results import (
     RUN_CONFIGS,
     RUNNING,
     STEP,
+    last_report,
     member_key,
     trial_key,
 )
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # the training code loads in the worker, never in the sweep's
     from service.sweep.trial_state import TrialState
 
 TRAINABLE_NAME = "nalu_sweep_trial"
+JOURNAL_WAIT_S = 120.0  # how long a repeat waits for an earlier attempt's writes to arrive
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,10 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
                      tracker=tracker, progress=progress, report_checkpoint=_report_checkpoint)
             outcome = Outcome.COMPLETED
             return
+        if (final := _end_trained_before(tracker, space)) is not None:
+            tune.report(final)  # the earlier attempt's end: no second training to stop early
+            outcome = Outcome.COMPLETED
+            return
         resume = None
         checkpoint = tune.get_checkpoint()
         if checkpoint is not None:
@@ -171,6 +177,23 @@ def _trained_before(tracker: runs.TrialRun, space: SearchSpace) -> bool:
     study already hold."""
     last = tracker.resumed_from_step
     return last is not None and last >= space.steps * len(space.task_configs())
+
+
+def _end_trained_before(tracker: runs.TrialRun, space: SearchSpace) -> dict[str, float] | None:
+    """The last report of an earlier attempt that trained all the trial's steps, rebuilt
+    from its run, for a repeat to report instead of training again (None: train).
+
+    A resumed sweep runs again a trial whose earlier attempt finished after Tune's last
+    snapshot, and its result may not have reached MLflow when the resumed driver read the
+    runs back (it was still in that attempt's journal, which this attempt's outbox sends
+    first). Trained again, the repeat could be stopped by a scheduler restored older, and
+    the driver, reading MLflow before this worker's writes arrived, told the study PRUNED
+    while the run stayed completed. Reporting the end makes Tune, the study and the run
+    agree: the trial completed, with the objective its run holds."""
+    if not _trained_before(tracker, space):
+        return None
+    metrics = tracker.latest_metrics(timeout_s=JOURNAL_WAIT_S)
+    return None if metrics is None else last_report(metrics, space.steps * len(space.task_configs()))
 
 
 def _replay(member: Any, settings: TrialSettings, space: SearchSpace) -> None:

@@ -45,10 +45,10 @@ __all__ = ["ANNOUNCEMENT_VAR", "DRIVER_SOCKET", "HelperClient", "TrackingCallErr
 
 
 def _calls() -> dict[str, Any]:
-    from service.tracking.runs import find_or_create_run
+    from service.tracking.runs import find_or_create_run, run_metrics
     from service.tracking.spool import send_write
 
-    return {"find_or_create_run": find_or_create_run, "send_write": send_write}
+    return {"find_or_create_run": find_or_create_run, "run_metrics": run_metrics, "send_write": send_write}
 
 
 def _warm_client(tracking_uri: str) -> Any:

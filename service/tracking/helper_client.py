@@ -98,7 +98,8 @@ class HelperClient:
         self._proc = None
 
     def call(self, name: str, *args: Any) -> Any:
-        """Run ``name`` (one of `service.tracking.helper`'s calls: ``find_or_create_run``, ``send_write``) in the helper
+        """Run ``name`` (one of `service.tracking.helper`'s calls: ``find_or_create_run``, ``run_metrics``,
+        ``send_write``) in the helper
         with this URI's client."""
         with self._lock:
             if not self._alive():
@@ -124,6 +125,9 @@ class HelperClient:
 
     def send_write(self, *args: Any) -> None:
         self.call("send_write", *args)
+
+    def run_metrics(self, run_id: str) -> dict[str, float]:
+        return dict(self.call("run_metrics", run_id))
 
 
 _SHARED: dict[str, HelperClient] = {}

@@ -194,6 +194,11 @@ def find_or_create_run(client: Any, experiment_id: str, parent_run_id: str, tria
     return run.info.run_id, None, None
 
 
+def run_metrics(client: Any, run_id: str) -> dict[str, float]:
+    """A run's latest value of each metric (MLflow's: the value at the highest step)."""
+    return {k: float(v) for k, v in client.get_run(run_id).data.metrics.items()}
+
+
 class TrialRun:
     """The MLflow child run of one Tune trial.
 
@@ -256,6 +261,14 @@ class TrialRun:
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every write so far has reached the server (True), or ``timeout_s``."""
         return self.outbox.drain(timeout_s)
+
+    def latest_metrics(self, timeout_s: float | None = None) -> dict[str, float] | None:
+        """The run's latest metrics once every write so far (an earlier attempt's journal
+        included) has reached the server; None if they did not within ``timeout_s``."""
+        if not self.flush(timeout_s):
+            return None
+        read = getattr(self.client, "run_metrics", None)  # a worker's helper
+        return retry(lambda: read(self.run_id) if read else run_metrics(self.client, self.run_id))
 
     def set_tags(self, tags: dict[str, str]) -> None:
         self.outbox.set_tags(tags)

@@ -18,7 +18,7 @@ from service.tracking import runs, store
 REPO = Path(__file__).resolve().parents[2]
 
 # a trial worker's tracking: its run opened, metrics and a plot logged, closed, opened again
-# (found by its trial key); it reports the run, its child processes and whether it imported MLflow
+# (found by its trial key) and its latest metrics read; it reports the run, its child processes and whether it imported MLflow
 WORKER = textwrap.dedent("""
     import json, sys
     from pathlib import Path
@@ -35,8 +35,10 @@ WORKER = textwrap.dedent("""
     trial.log_artifact_dir(Path(plots), "plots")
     trial.close("completed")
     again = runs.TrialRun.open(uri, experiment_id, parent, "k1", "lr=0.1", {"lr": 0.1}, client=client)
+    latest = again.latest_metrics(timeout_s=60)
     again.close("completed")
     print(json.dumps({"run": trial.run_id, "again": again.run_id, "resumed": again.resumed_from_step,
+                      "latest": latest,
                       "children": [" ".join(p.cmdline()) for p in psutil.Process().children()],
                       "mlflow_imported": any(m == "mlflow" or m.startswith("mlflow.") for m in sys.modules)}))
     """)

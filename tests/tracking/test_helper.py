@@ -27,6 +27,7 @@ def test_a_trial_is_recorded_through_the_helper_and_its_process_never_imports_ml
     assert len(out["children"]) == 1 and "service.tracking.helper" in out["children"][0]  # its helper
     assert out["mlflow_imported"] is False
     assert out["again"] == out["run"] and out["resumed"] == 200  # found again by its trial key
+    assert out["latest"] == {"objective": 0.2}  # read through the helper: the value at the last step
     run = client.get_run(out["run"])
     assert run.info.run_name == "lr=0.1" and run.info.status == "FINISHED"
     assert run.data.params == {"lr": "0.1"}

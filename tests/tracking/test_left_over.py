@@ -5,7 +5,6 @@ end, and MLflow's own "View run" lines stay out of the output."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,18 +18,6 @@ from service.tracking import runs, spool, store
 
 REPO = Path(__file__).resolve().parents[2]
 KEYS = [f"metric_{i}" for i in range(12)] + ["objective"]  # 13 metrics a report, as a trial's
-
-
-@pytest.fixture
-def away(monkeypatch):
-    """A client of a tracking server that is not there (a port nobody listens on): the
-    trial's last writes stay in its journal, as when its worker is killed mid-drain."""
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail at once instead of retrying for minutes
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return store.client(f"http://127.0.0.1:{port}")
 
 
 def _report(step: int) -> list[tuple[str, float, int, int]]:

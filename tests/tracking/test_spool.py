@@ -4,7 +4,6 @@ closed port), replayed in order by the next process, and never stored twice."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import pytest
@@ -20,18 +19,6 @@ def tracking(tmp_path_factory):
     client = store.client(uri)
     experiment_id = store.ensure_experiment(client, "spool", uri)
     return uri, client, experiment_id
-
-
-@pytest.fixture
-def away(monkeypatch):
-    """A client of a tracking server that is not there (a port nobody listens on); one
-    MLflow HTTP call fails at once instead of retrying for minutes."""
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return store.client(f"http://127.0.0.1:{port}")
 
 
 def _run(tracking) -> str:
