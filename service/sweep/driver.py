@@ -127,10 +127,11 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
             reduction_factor=space.scheduler.reduction_factor, brackets=space.scheduler.brackets,
         )
     elif space.scheduler.type == "race":  # seed blocks, decided against the incumbent
-        from service.sweep.race_scheduler import RaceScheduler
+        from service.sweep.race_scheduler import RACE_FILE, RaceScheduler
 
         searcher = ResumableOptunaSearch(**args)
-        scheduler = RaceScheduler(space.scheduler.race(), records)
+        scheduler = RaceScheduler(space.scheduler.race(), records,
+                                  f"{experiment_path(options.storage_path, options.name)}/{RACE_FILE}")
     else:
         searcher = ResumableOptunaSearch(**args)
         scheduler = FIFOScheduler()

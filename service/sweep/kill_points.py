@@ -14,6 +14,9 @@ The moments (`MOMENTS`):
 - ``trial_started``: a trial was just asked from Optuna, before Tune snapshots it;
 - ``trial_finished``: Tune just reported a trial's end and the study was told, before
   Tune's next snapshot (which still holds the trial as running);
+- ``race_decided``: a racing scheduler just decided a block's report (and tagged the
+  standings it changed), before Tune's next snapshot, with the trial's next block asked
+  or its trial stopping;
 - ``validation``: ``--validate K``'s trainings are running, none recorded yet.
 """
 
@@ -24,7 +27,7 @@ import signal
 from collections import Counter
 
 ENV = "NALU_SWEEP_KILL_AT"
-MOMENTS = ("before_trials", "trial_started", "trial_finished", "validation")
+MOMENTS = ("before_trials", "trial_started", "trial_finished", "race_decided", "validation")
 
 _reached: Counter[str] = Counter()
 

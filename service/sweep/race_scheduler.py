@@ -22,18 +22,29 @@ challenger shown better replaces the incumbent at once; the old incumbent's tria
 its next report. When both reach the maximum undecided, the better `race.evidence` (of the
 worst task) stays the incumbent, the incumbent on a tie.
 
+**Resume.** Tune does not save a scheduler's state with its snapshots (a restored sweep
+gets the scheduler as pickled when the sweep began), so the race writes itself through to
+``race_state.json`` in the experiment directory after every decision (`RaceFile`), by
+trial key, and a resumed sweep reads it before its first decision: the incumbent and the
+trials that left stay so, including trials Tune's last snapshot did not hold or that do
+not run again. A trial's block whose report the kill cut off is trained again from the
+trial's last checkpoint (its records are not doubled: a run skips steps logged already).
+
 Where each setting left is tagged on its MLflow run (``nalu_sweep.race.exit``: incumbent,
 eliminated, replaced, lost at max; ``nalu_sweep.race.exit_block``) as it is decided.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import Any
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from service.scoring.race import BETTER, WORSE, Outcome, RaceSpec, decide, evidence
+from service.sweep import kill_points
 from service.sweep.race_trial import (
     RACE_BLOCK,
     RACE_OUTCOMES,
@@ -45,6 +56,7 @@ from service.sweep.study_sync import TrialRecords
 
 logger = logging.getLogger(__name__)
 INCUMBENT, ELIMINATED, REPLACED, LOST_AT_MAX = "incumbent", "eliminated", "replaced", "lost at max"
+RACE_FILE = "race_state.json"  # in the sweep's Tune experiment directory (`RaceFile`)
 
 
 class ExitTags:
@@ -82,30 +94,100 @@ class ExitTags:
             logger.warning("race: could not tag trial %s's run (%s): %s", key, reason, e)
 
 
-class RaceScheduler(FIFOScheduler):
-    """Tune's FIFO scheduler that races the trials by seed blocks (module docstring)."""
+class RaceFile:
+    """The race written through to a JSON file (``state_path``, beside Tune's experiment
+    state; any ``pyarrow`` file system URI, as Tune's storage): every trial's outcomes,
+    seeds and blocks, the incumbent, who left and who waits, by trial key. Written after
+    each decision, so a driver killed at any moment leaves at most the one decision it was
+    making unwritten, and the trial's report that led to it is made again after the resume
+    (from the trial's last checkpoint), decided the same way on the same outcomes. Without a
+    path (a race outside a sweep) nothing is written."""
 
-    def __init__(self, spec: RaceSpec, records: TrialRecords | None = None) -> None:
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.encoded: dict[str, str] = {}  # trial key -> its RACE_OUTCOMES as reported
+        self._loaded = False
+
+    def __getstate__(self) -> dict[str, Any]:  # pickled with Tune's experiment at its start
+        return {"path": self.path, "encoded": {}, "_loaded": False}
+
+    def _fs(self) -> tuple[Any, str]:
+        from pyarrow import fs
+
+        return fs.FileSystem.from_uri(self.path if "://" in self.path else str(Path(self.path).resolve()))
+
+    def load_into(self, race: RaceScheduler) -> None:
+        """Read the file into ``race`` (once; nothing when there is no file yet)."""
+        if self._loaded or self.path is None:
+            return
+        self._loaded = True
+        try:
+            filesystem, path = self._fs()
+            with filesystem.open_input_stream(path) as f:
+                data = json.loads(f.read().decode())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as e:
+            logger.warning("race: could not read the race's state from %s (%s); it starts afresh", self.path, e)
+            return
+        for key, trial in data["trials"].items():
+            self.encoded[key] = trial["outcomes"]
+            race.outcomes[key] = decode_outcomes(trial["outcomes"])
+            race.seeds[key], race.blocks[key] = int(trial["seeds"]), int(trial["blocks"])
+        race.incumbent = data["incumbent"]
+        race.exits = {k: (reason, int(seeds)) for k, (reason, seeds) in data["exits"].items()}
+        race.waiting = list(data["waiting"])
+
+    def save(self, race: RaceScheduler) -> None:
+        if self.path is None:
+            return
+        data = {"trials": {k: {"outcomes": self.encoded[k], "seeds": race.seeds[k], "blocks": race.blocks[k]}
+                           for k in race.outcomes},
+                "incumbent": race.incumbent, "exits": race.exits, "waiting": race.waiting}
+        try:
+            filesystem, path = self._fs()
+            filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            with filesystem.open_output_stream(path + ".tmp") as f:
+                f.write(json.dumps(data).encode())
+            filesystem.move(path + ".tmp", path)
+        except OSError as e:
+            logger.warning("race: could not write the race's state to %s (%s); a resume would start it afresh",
+                           self.path, e)
+
+
+class RaceScheduler(FIFOScheduler):
+    """Tune's FIFO scheduler that races the trials by seed blocks (module docstring).
+
+    The race is kept by trial key (a trial's MLflow run's ``nalu_sweep.trial_key``, which a
+    trial run again after a resume keeps) and written through to ``state_path`` after every
+    decision (`RaceFile`): a resumed sweep's scheduler, unpickled by Tune as it was when the
+    sweep began, reads it back before its first decision."""
+
+    def __init__(self, spec: RaceSpec, records: TrialRecords | None = None, state_path: str | None = None) -> None:
         super().__init__()
         self.spec = spec
         self.tags = ExitTags(records)
-        self.outcomes: dict[str, dict[Any, Outcome]] = {}  # trial id -> instance -> outcome
+        self.state = RaceFile(state_path)
+        self.outcomes: dict[str, dict[Any, Outcome]] = {}  # trial key -> instance -> outcome
         self.seeds: dict[str, int] = {}
         self.blocks: dict[str, int] = {}
-        self.keys: dict[str, str] = {}  # trial id -> its MLflow run's trial key
         self.incumbent: str | None = None
-        self.exits: dict[str, tuple[str, int]] = {}  # trial id -> (reason, seeds when it left)
+        self.exits: dict[str, tuple[str, int]] = {}  # trial key -> (reason, seeds when it left)
         self.waiting: list[str] = []  # at the maximum, undecided: the incumbent has fewer seeds
 
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
         if RACE_OUTCOMES not in result:
             return TrialScheduler.CONTINUE
-        t = trial.trial_id
+        self.state.load_into(self)
+        t = trial_key(trial.trial_id, trial.config)
         self.outcomes[t] = decode_outcomes(str(result[RACE_OUTCOMES]))
         self.seeds[t] = int(result[RACE_SEEDS])
         self.blocks[t] = int(result[RACE_BLOCK])
-        self.keys[t] = trial_key(t, trial.config)
-        return TrialScheduler.STOP if self._decide(t) else TrialScheduler.CONTINUE
+        self.state.encoded[t] = str(result[RACE_OUTCOMES])
+        stop = self._decide(t)
+        self.state.save(self)
+        kill_points.reached("race_decided")
+        return TrialScheduler.STOP if stop else TrialScheduler.CONTINUE
 
     # -- the rule ---------------------------------------------------------------------------
     def _decide(self, t: str) -> bool:
@@ -152,13 +234,13 @@ class RaceScheduler(FIFOScheduler):
         self.incumbent = t
         if t in self.waiting:
             self.waiting.remove(t)
-        self.tags.write(self.keys[t], INCUMBENT, self.blocks[t])
+        self.tags.write(t, INCUMBENT, self.blocks[t])
 
     def _leave(self, t: str, reason: str) -> bool:
         self.exits[t] = (reason, self.seeds[t])
         if t in self.waiting:
             self.waiting.remove(t)
-        self.tags.write(self.keys[t], reason, self.blocks[t])
+        self.tags.write(t, reason, self.blocks[t])
         return True
 
     def debug_string(self) -> str:

@@ -7,6 +7,7 @@ the eliminations are those of `race.replay` on the per-seed outcomes the sweep r
 from __future__ import annotations
 
 import csv
+import signal
 import tempfile
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from service.scoring.race import Outcome, RaceSpec, replay
+from service.sweep.kill_points import ENV
 from service.tracking import runs, store
 
 runner = CliRunner()
@@ -44,18 +46,12 @@ def _per_seed(client, run_id: str) -> list[bool]:
     return [r["success"] == "True" for r in rows]
 
 
-@pytest.mark.slow
-def test_a_race_eliminates_a_hopeless_setting_after_its_first_block(ray_address, tmp_path):
+def _assert_race_recorded(optuna_db: str, storage: Path) -> None:
+    """One MLflow run, Optuna trial and Tune trial per setting; the hopeless setting left
+    after its first block; every block recorded once; the standings those of
+    `race.replay` on the outcomes the sweep recorded."""
     import optuna
     from ray.tune import ExperimentAnalysis
-
-    # blocks of 8, at most 16 seeds: 0/8 against ≥ 6/8 is below the level alpha/2 = 0.025
-    space = _race_space(tmp_path, first_block=8, growth=2, max_seeds=16)
-    optuna_db = f"sqlite:///{tmp_path / 'optuna.db'}"
-    result = runner.invoke(app, ["sweep", str(space), "--optuna-storage", optuna_db,
-                                 "--storage-path", str(tmp_path / "runs")])
-    assert result.exit_code == 0, result.output
-    assert "3 trials × 8–16 seeds (raced)" in " ".join(result.output.split())
 
     client = store.client(store.resolve_tracking_uri(None))
     experiment = client.get_experiment_by_name("race-e2e")
@@ -104,13 +100,49 @@ def test_a_race_eliminates_a_hopeless_setting_after_its_first_block(ray_address,
         assert t.state == optuna.trial.TrialState.COMPLETE
         assert sorted(t.intermediate_values) == list(range(1, int(c.data.metrics["n_seeds"]) // 8 + 1))
         assert t.value == pytest.approx(c.data.metrics["objective"])  # the value on all its seeds
-    assert len(ExperimentAnalysis(str(tmp_path / "runs" / "race-e2e")).trials) == 3  # one Tune trial each
+    assert len(ExperimentAnalysis(str(storage / "race-e2e")).trials) == 3  # one Tune trial each
+
+
+@pytest.mark.slow
+def test_a_race_eliminates_a_hopeless_setting_after_its_first_block(ray_address, tmp_path):
+    # blocks of 8, at most 16 seeds: 0/8 against ≥ 6/8 is below the level alpha/2 = 0.025
+    space = _race_space(tmp_path, first_block=8, growth=2, max_seeds=16)
+    optuna_db = f"sqlite:///{tmp_path / 'optuna.db'}"
+    result = runner.invoke(app, ["sweep", str(space), "--optuna-storage", optuna_db,
+                                 "--storage-path", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+    assert "3 trials × 8–16 seeds (raced)" in " ".join(result.output.split())
+
+    _assert_race_recorded(optuna_db, tmp_path / "runs")
 
     status = runner.invoke(app, ["status", "race-e2e"])
     assert status.exit_code == 0, status.output
     assert "eliminated after block 1" in status.output and "incumbent" in status.output
     best = runner.invoke(app, ["best", "race-e2e", "--top", "3"])
     assert best.exit_code == 0 and "eliminated after block 1" in " ".join(best.output.split()), best.output
+
+
+@pytest.mark.slow
+def test_a_race_killed_after_its_decisions_resumes_to_the_same_race(ray_address, tmp_path, monkeypatch, cli_process):
+    """The driver SIGKILLed right after a block's decision (Tune's snapshot older), twice:
+    after the race's fourth decision, then after the resumed driver's first; then resumed to
+    the end. The resumed race reads back who is the incumbent and who left (`RaceFile`),
+    including trials Tune never runs again, so the records are those of one uninterrupted
+    race: each setting once, every block recorded once, the standings `race.replay`'s."""
+    _race_space(tmp_path, first_block=8, growth=2, max_seeds=16)
+    optuna_db = f"sqlite:///{tmp_path / 'optuna.db'}"
+    args = ["sweep", "race.yaml", "--optuna-storage", optuna_db]
+    for number, moment in enumerate(["race_decided:4", "race_decided:1"]):
+        monkeypatch.setenv(ENV, moment)
+        killed = cli_process([*args, *(["--resume"] if number else [])], tmp_path, ray_address)
+        assert killed.returncode == -signal.SIGKILL, (moment, killed.stdout)
+        assert "Traceback" not in killed.stdout, killed.stdout
+    monkeypatch.delenv(ENV)
+    done = cli_process([*args, "--resume"], tmp_path, ray_address)
+    assert done.returncode == 0, done.stdout
+    assert "Traceback" not in done.stdout, done.stdout
+
+    _assert_race_recorded(optuna_db, tmp_path / "runs")
 
 
 def test_racing_refuses_packs_and_asha_settings(tmp_path):
