@@ -201,3 +201,37 @@ def test_a_block_trains_the_same_seeds_as_one_big_batch(tmp_path):
     block = Trainer(blocks[1]).run().seeds
     assert [s.seed for s in block] == [4, 5, 6, 7]
     assert [s.model_dump() for s in block] == [s.model_dump() for s in whole[4:]]
+
+
+def test_the_race_is_written_through_and_read_back_by_a_scheduler_unpickled_as_it_began(tmp_path):
+    """What a resume relies on, without Ray: a scheduler pickled before the race (as Tune
+    keeps it) reads back, before its first decision, the state another scheduler wrote
+    after each of its decisions, and decides on from there; an absent file starts afresh."""
+    import json
+    import pickle
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    from service.sweep.race_scheduler import RaceScheduler
+    from service.sweep.race_trial import RACE_BLOCK, RACE_OUTCOMES, RACE_SEEDS
+
+    spec = RaceSpec(first_block=8, growth=2, max_seeds=16)
+    path = str(tmp_path / "exp" / "race_state.json")
+    as_begun = pickle.dumps(RaceScheduler(spec, None, path))
+
+    def report(scheduler, key: str, successes: list[bool]) -> str:
+        result = {RACE_OUTCOMES: json.dumps({"t": [[int(s), None] for s in successes]}),
+                  RACE_SEEDS: len(successes), RACE_BLOCK: len(successes) // 8}
+        return scheduler.on_trial_result(None, SimpleNamespace(trial_id=f"id-{key}", config={}), result)
+
+    first = RaceScheduler(spec, None, path)
+    assert report(first, "a", [True] * 8) == TrialScheduler.CONTINUE  # the incumbent trains on
+    assert report(first, "b", [False] * 8) == TrialScheduler.STOP  # 0/8 against 8/8
+
+    resumed = pickle.loads(as_begun)
+    assert report(resumed, "b", [False] * 8) == TrialScheduler.STOP  # its lost report, decided again
+    assert resumed.incumbent == "id-a" and resumed.exits == {"id-b": ("eliminated", 8)}
+    assert report(resumed, "c", [False] * 8) == TrialScheduler.STOP  # judged against a's recorded seeds
+    afresh = RaceScheduler(spec, None, str(tmp_path / "elsewhere" / "race_state.json"))
+    assert report(afresh, "c", [False] * 8) == TrialScheduler.CONTINUE and afresh.incumbent == "id-c"
