@@ -12,7 +12,7 @@ from typing import Any
 
 from service.errors import UserError
 from service.formatting import finite
-from service.report import search_panels, sequence_panels  # noqa: F401 - register their panel kinds
+from service.report import race_panels, search_panels, sequence_panels  # noqa: F401 - register their panel kinds
 from service.report.data import ReportData, load_report_data
 from service.report.panels import PANEL_KINDS, Panel, empty, short_params
 from service.tracking.best import judge, setting_params

@@ -41,6 +41,13 @@ class ReportData:
     seeds: dict[str, list[dict[str, str]]] = field(default_factory=dict)  # trial run id → seeds.csv rows
     weights: dict[str, dict[str, Any]] = field(default_factory=dict)  # "best"/"failed" → weights JSON
     weights_source: str = ""
+    # a raced sweep's trials, block by block: trial run id → [(seeds so far, rate, CI low, CI high)]
+    race_blocks: dict[str, list[tuple[int, float, float, float]]] = field(default_factory=dict)
+
+    @property
+    def raced(self) -> bool:
+        """Whether the sweep raced its settings by seed blocks (``scheduler: race``)."""
+        return self.space is not None and self.space.scheduler.type == "race"
 
     def ranked(self, top: int | None = None) -> list[TrialRow]:
         rows = self.view.ranked(include_pruned=False) or self.view.ranked(include_pruned=True)
@@ -177,6 +184,20 @@ def _with_pooled_medians(metrics: dict[str, float], rows: list[dict[str, str]]) 
     return out
 
 
+_BLOCK_METRICS = ("n_seeds", "success_rate", "success_ci_low", "success_ci_high")
+
+
+def _race_blocks(client: Any, run_id: str) -> list[tuple[int, float, float, float]]:
+    """A racing trial's figures after each of its blocks (one point per block, at step =
+    the block's number): ``(seeds so far, success rate, CI low, CI high)``."""
+    by_block: dict[int, dict[str, float]] = {}
+    for key in _BLOCK_METRICS:
+        for m in store.retry(lambda key=key: client.get_metric_history(run_id, key)):
+            by_block.setdefault(int(m.step), {})[key] = float(m.value)
+    return [(int(b["n_seeds"]), *(b[k] for k in _BLOCK_METRICS[1:])) for _, b in sorted(by_block.items())
+            if all(k in b for k in _BLOCK_METRICS)]
+
+
 def load_report_data(tracking_uri: str, name: str, top: int = 5) -> ReportData | None:
     """The sweep ``name`` with what the panels need (``None`` when there is no such sweep)."""
     from service.errors import UserError
@@ -197,6 +218,8 @@ def load_report_data(tracking_uri: str, name: str, top: int = 5) -> ReportData |
         rows = [row for run_id in pooled.run_ids for row in _seed_rows(client, run_id)]
         data.validations[source] = Validation(latest.info.run_id, latest.info.run_name, source, pooled.seed_ids,
                                               _with_pooled_medians(pooled.metrics, rows), rows, pooled.run_ids)
+    if data.raced:
+        data.race_blocks = {t.run_id: _race_blocks(client, t.run_id) for t in view.trials}
     for trial in (data.ranked(top) if top > 0 else []):
         if trial.outcome == Outcome.COMPLETED:
             data.seeds[trial.run_id] = _seed_rows(client, trial.run_id)

@@ -63,8 +63,9 @@ def render_in_browser(html: Path, screenshot: Path) -> dict:
 
 
 def static_panels() -> list:
-    """The dashboard's panels a sweep of a static task shows (no test-length panel)."""
-    return [p for p in load_dashboard().panels if p.kind != "success_vs_length"]
+    """The dashboard's panels a sweep of a static task shows, not raced (no test-length or
+    race panel)."""
+    return [p for p in load_dashboard().panels if p.kind not in ("success_vs_length", "race")]
 
 
 def check_page(page: dict, n_panels: int) -> None:
@@ -328,7 +329,7 @@ def test_dashboard_panels_come_from_the_definitions_file(tmp_path):
     from service.report.panels import PANEL_KINDS
 
     board = load_dashboard()
-    assert [p.kind for p in board.panels] == ["ranking_forest", "optimization_history", "parallel_coordinates",
+    assert [p.kind for p in board.panels] == ["ranking_forest", "race", "optimization_history", "parallel_coordinates",
                                               "importance", "success_vs_params", "extrapolation_mse",
                                               "success_vs_length", "solved_at", "weights"]
     assert all(p.kind in PANEL_KINDS for p in board.panels)

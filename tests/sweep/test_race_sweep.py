@@ -120,6 +120,53 @@ def test_a_race_eliminates_a_hopeless_setting_after_its_first_block(ray_address,
     assert "eliminated after block 1" in status.output and "incumbent" in status.output
     best = runner.invoke(app, ["best", "race-e2e", "--top", "3"])
     assert best.exit_code == 0 and "eliminated after block 1" in " ".join(best.output.split()), best.output
+    _assert_race_drawn(tmp_path)
+
+
+# what the report's race panel draws: per trace, its legend text and its points' centres
+RACE_DRAWN = """(() => {
+  const box = el => { const r = el.getBoundingClientRect(); return [(r.left + r.right) / 2, (r.top + r.bottom) / 2]; };
+  const plot = document.getElementById('plot-race');
+  return {
+    legend: Array.from(plot.querySelectorAll('.legend .traces .legendtext')).map(t => t.textContent),
+    traces: Array.from(plot.querySelectorAll('.scatterlayer .trace')).map(
+      t => Array.from(t.querySelectorAll('.points path.point')).map(box)),
+  };
+})()"""
+
+
+def _assert_race_drawn(tmp_path: Path) -> None:
+    """The report's race panel, where the browser draws it: one line per setting, the
+    hopeless one a single point at 8 seeds left of the 16-seed end of the longest line."""
+    import importlib.util
+    import sys
+
+    from service.report.build import build_report
+
+    here = Path(__file__).resolve().parents[1] / "report"
+    if "report_browser" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("report_browser", here / "browser.py")
+        sys.modules["report_browser"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["report_browser"])
+    browser = sys.modules["report_browser"]
+    binary = browser.chromium()
+    if binary is None:
+        pytest.skip("chromium is not installed (.ci/run installs it)")
+    files = build_report(store.resolve_tracking_uri(None), "race-e2e", tmp_path / "report", log_to_mlflow=False,
+                         pngs=False)
+    page = browser.Page(binary, tmp_path / "chromium-profile")
+    try:
+        page.load(files.html.resolve().as_uri())
+        drawn = page.evaluate(RACE_DRAWN)
+        assert page.errors() == []
+    finally:
+        page.close()
+    assert len(drawn["traces"]) == 3, drawn
+    legend = dict(zip(drawn["legend"], drawn["traces"]))
+    hopeless = [points for text, points in legend.items() if text.endswith("eliminated after block 1")]
+    assert len(hopeless) == 1 and len(hopeless[0]) == 1, drawn
+    longest = max(drawn["traces"], key=len)
+    assert len(longest) == 2 and hopeless[0][0][0] < longest[-1][0] - 50, drawn  # 8 seeds, left of 16
 
 
 @pytest.mark.slow
