@@ -88,7 +88,8 @@ def validate(
         from service.tracking.queries import load_sweep, validated_metrics
 
         client = open_client(uri)
-        pooled = validated_metrics(client, load_sweep(client, name))  # with the setting's earlier validations
+        view = load_sweep(client, name)
+        pooled = validated_metrics(client, view)  # with the setting's earlier validations
     except UserError as e:
         fail(str(e))
     from service.tracking.pooled import parts
@@ -102,6 +103,13 @@ def validate(
         table.add_row(r.source_name, success_cell(r.search_metrics), success_cell(r.metrics),
                       *([success_cell(pooled.get(r.source_run_id, r.metrics))] if earlier else []), r.run_id)
     print_wide(table)
+    from service.scoring.verdict import best_of_validated
+
+    ranked = view.ranked() if view is not None else []
+    choice = best_of_validated([(r.source_name, pooled.get(r.source_run_id, r.metrics)) for r in results],
+                               ranked[0].name if ranked else None)
+    if choice:
+        console.print(choice, highlight=False)
     console.print(f"now: [bold]nalu-sweep report {name}[/]", highlight=False)
 
 

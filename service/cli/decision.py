@@ -195,7 +195,7 @@ def validate_and_report(uri: str, name: str, top: int, seeds: int, address: str 
                         stop_ray: bool = False) -> None:
     """``sweep --validate K``: validate the top K settings on fresh seeds, build the report,
     and end with the verdict, the robust setting and its intervals, and the links."""
-    from service.report.build import build_report, summary_fields
+    from service.report.build import build_report, choice_sentence, summary_fields
     from service.sweep.validation import validate_sweep
 
     import os
@@ -226,6 +226,8 @@ def validate_and_report(uri: str, name: str, top: int, seeds: int, address: str 
             if val and len(val["seeds_per_validation"]) > 1 else ""
         console.print(f"  validation: {_interval_text(val)} on fresh seeds {val['seed_ids'] if val else '—'}"
                       f"{pooled}", highlight=False)
+        if choice := choice_sentence(files.data):
+            console.print(choice, highlight=False)
         console.print(f"reuse it: nalu-sweep best {name} --format yaml > best.yaml && nalu-sweep run best.yaml",
                       highlight=False)
     console.print(f"report: [bold]{files.html.resolve()}[/]", highlight=False)

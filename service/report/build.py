@@ -15,6 +15,7 @@ from service.formatting import finite
 from service.report import race_panels, search_panels, sequence_panels  # noqa: F401 - register their panel kinds
 from service.report.data import ReportData, load_report_data
 from service.report.panels import PANEL_KINDS, Panel, empty, short_params
+from service.scoring.verdict import best_of_validated
 from service.tracking.best import judge, setting_params
 from service.tracking.pooled import parts, provenance
 from service.tracking.store import Outcome
@@ -79,6 +80,17 @@ def _rate(metrics: dict[str, float]) -> str:
     return f"{k} of {n} seeds{ci}"
 
 
+def choice_sentence(data: ReportData) -> str | None:
+    """`verdict.best_of_validated` for the sweep's validated settings (None for fewer than two)."""
+    ranked = data.ranked(1)
+    if not ranked:
+        return None
+    names = {t.run_id: t.name for t in data.view.trials}
+    judged = ranked[0].name if ranked[0].run_id in data.validations else None
+    return best_of_validated([(names.get(source, v.name), v.metrics) for source, v in data.validations.items()],
+                             judged)
+
+
 def summary_lines(data: ReportData) -> list[str]:
     """Plain sentences for the top of the report."""
     view = data.view
@@ -111,6 +123,8 @@ def summary_lines(data: ReportData) -> list[str]:
         judged = judge(best, val.metrics if val else None)
         if judged is not None:
             lines.append(judged.sentence())
+        if choice := choice_sentence(data):
+            lines.append(choice)
     diverged = data.diverged_trials()
     if diverged:
         seeds = sum(int(t.metrics.get("diverged", 0)) for t in diverged)

@@ -1,5 +1,6 @@
 """The Wilson interval of a success rate, in plain Python: the read-only verbs (``status``,
-``best``, ``compare``) pool validations with it without importing numpy."""
+``best``, ``compare``) pool validations with it without importing numpy; and the wider
+interval of a setting picked as the best of several on the same seeds."""
 
 from __future__ import annotations
 
@@ -25,3 +26,14 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
     low = 0.0 if successes == 0 else max(0.0, centre - half)
     high = 1.0 if successes == n else min(1.0, centre + half)
     return low, high
+
+
+def best_of_interval(successes: int, n: int, among: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The interval of a setting picked as the best of ``among`` on these very seeds: the
+    Wilson interval at ``1 − (1 − confidence) / among`` (Bonferroni over the ``among``
+    intervals, so that all of them, and so the picked one's, hold together at
+    ``confidence``; for the best one Holm's first step is the same). ``among = 1`` is
+    `wilson_interval` itself."""
+    if among < 1:
+        raise ValueError(f"among={among} must be at least 1")
+    return wilson_interval(successes, n, 1 - (1 - confidence) / among)

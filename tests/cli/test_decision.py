@@ -58,7 +58,7 @@ def decided(ray_address, tmp_path_factory):
     try:
         result = runner.invoke(app, ["sweep", SMOKE, "--name", "dec", "--trials", "2", "--seeds", "2",
                                      "--steps", "500", "--eval-every", "250", "--tracking-uri", uri,
-                                     "--storage-path", str(root / "runs"), "--validate", "1",
+                                     "--storage-path", str(root / "runs"), "--validate", "2",
                                      "--validate-seeds", "3"])
     finally:
         os.chdir(here)
@@ -77,6 +77,8 @@ def test_sweep_validate_ends_with_the_verdict_and_links(decided):
     assert "#/experiments/" in text and "/runs?workflowType=machine_learning" in text
     # the answer first, the long table under it; commands and links whole, one line each
     assert output.index("Verdict:") < output.index("sweep dec: top"), output
+    # both settings validated: what picking the better of them on their fresh seeds would cost
+    assert "Of the 2 validated settings" in text and "widened for the choice among 2 (Bonferroni)" in text, output
     assert re.search(r"^reuse it: nalu-sweep best dec --format yaml > best\.yaml && nalu-sweep run best\.yaml$",
                      output, re.M), output
     assert re.search(r"^top settings in MLflow: http://\S+/#/compare-runs\?runs=\S+$", output, re.M), output
@@ -115,7 +117,8 @@ def test_mlflow_records_names_tags_and_the_answer(decided):
     for t in trials:  # named by their settings, not by a rank or an id
         assert t.info.run_name.startswith("lr=") and "optimizer=" in t.info.run_name, t.info.run_name
     vals = [r for r in runs.all_runs(client, [exp.experiment_id], "tags.`nalu_sweep.role` = 'validation'")]
-    assert len(vals) == 1 and vals[0].info.run_name == f"validate: {best_run.info.run_name}"
+    assert len(vals) == 2  # --validate 2: both settings, each named after the trial it re-runs
+    assert sorted(v.info.run_name for v in vals) == sorted(f"validate: {t.info.run_name}" for t in trials)
 
 
 def _digest(config) -> str:

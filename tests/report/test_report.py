@@ -155,6 +155,9 @@ def test_report_renders_offline_in_a_real_browser(validated, tmp_path):
     check_page(page, len(panels))
     assert "The most robust setting found is" in page["summary"]
     assert "fresh seeds" in page["summary"] and "never used in the search" in page["summary"]
+    # two settings validated: the summary says what picking the better of them on its fresh seeds costs
+    assert "Of the 2 validated settings" in page["summary"], page["summary"]
+    assert "widened for the choice among 2 (Bonferroni)" in page["summary"]
     assert '"far"' in html  # the extra validation range is plotted
     assert "validation (fresh seeds)" in html  # search and validation side by side
     assert (tmp_path / "report.png").stat().st_size > 10_000
