@@ -191,6 +191,41 @@ def check_resources(space: SearchSpace) -> None:
                             f"(the cluster {in_all:g} in all) and a trial runs on one node; {hint}")
 
 
+RESUME_WAIT_ENV = "NALU_SWEEP_RESUME_WAIT_S"
+
+
+def wait_for_released_trials(say: Callable[[str], None] | None = None, timeout_s: float | None = None,
+                             poll_s: float = 0.25) -> bool:
+    """Wait until Ray holds none of its CPUs and GPUs for a task or actor, up to
+    ``timeout_s`` (default ``$NALU_SWEEP_RESUME_WAIT_S``, 30 s); True when that happened.
+
+    A resumed sweep waits so: the trials of a driver that was killed go on in their Ray
+    workers until Ray reaps them, and one that is still training can finish and close its
+    MLflow run after the resumed driver read the runs back, so that the run and the Optuna
+    study would tell different stories of that trial. Once their resources are free, those
+    workers have ended and the resume reads what they left. Ray's resource view is all
+    Ray tells a driver without its dashboard (``ray.available_resources``); on a cluster
+    that other jobs keep busy the wait runs its full length, then the resume goes on."""
+    import ray
+
+    timeout_s = float(os.environ.get(RESUME_WAIT_ENV, "30")) if timeout_s is None else timeout_s
+    deadline, told = time.monotonic() + timeout_s, False
+    while True:
+        total, free = ray.cluster_resources(), ray.available_resources()
+        held = {k: total.get(k, 0.0) - free.get(k, 0.0) for k in ("CPU", "GPU")}
+        if all(v <= 1e-6 for v in held.values()):
+            return True
+        if time.monotonic() >= deadline:
+            if say is not None:
+                say(f"Ray still holds {held['CPU']:g} CPU(s) and {held['GPU']:g} GPU(s) after {timeout_s:g} s; "
+                    f"resuming anyway (set {RESUME_WAIT_ENV} to wait longer for the interrupted trials)")
+            return False
+        if not told and say is not None and time.monotonic() > deadline - timeout_s + 1:
+            say(f"waiting for the interrupted sweep's trials to end on Ray ({held['CPU']:g} CPU(s) still held)")
+            told = True
+        time.sleep(poll_s)
+
+
 def quiet_libraries(verbose: bool) -> None:
     """The live board is the sweep's output: keep library chatter to warnings (Optuna's:
     `quiet_optuna`, once it is loaded)."""

@@ -38,12 +38,13 @@ from service.sweep.cluster import (
     quiet_libraries,
     quiet_optuna,
     stop_ray,
+    wait_for_released_trials,
 )
 from service.sweep.logged_params import task_params
 from service.sweep.options import SweepOptions  # the CLI's flags, resolved (named here too)
 from service.sweep.outcome import finished_reports, record_end, tune_trials
 from service.sweep.rungs import release_board
-from service.sweep.study_sync import TrialRecords
+from service.sweep.study_sync import TrialRecords, settle_stored_study
 from service.sweep.trainable import TrialSettings, make_trainable
 from service.tracking import driver_tracking, helper, runs, store
 from service.tracking.links import describe_experiment
@@ -291,10 +292,14 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
     describe_experiment(client, experiment_id, options.name, list(space.params))
     if options.resume:
         parent_run_id = parent.info.run_id
+        wait_for_released_trials(say=lambda line: console.print(line, highlight=False))  # the killed driver's
         closed = runs.close_stale_trial_runs(client, experiment_id, parent_run_id, options.tracking_uri)
         runs.reopen_sweep_run(client, parent_run_id)
         if closed:
             console.print(f"closed {len(closed)} trial run(s) left running by the interruption")
+        if options.optuna_storage:  # trials the study finished are replayed, not trained again
+            settle_stored_study(options.optuna_storage, options.name,
+                                TrialRecords(options.tracking_uri, experiment_id, parent_run_id), space)
     else:
         parent_run_id = runs.start_sweep_run(
             client, experiment_id, options.name, space_file=options.space_file,

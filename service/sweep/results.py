@@ -11,6 +11,10 @@ from service.scoring.sequence import LONGEST_SOLVED
 
 STEP = "step"
 """Reported with every result: training steps done by the trial (summed over its tasks)."""
+ENDED_BEFORE = "ended_before"
+"""In the one report of a trial run again whose earlier attempt trained all its steps
+(`service.sweep.trainable`): that attempt's end, which its MLflow run holds, report by
+report; the searcher tells the study from the run, not from this report's iteration."""
 
 
 

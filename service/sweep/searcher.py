@@ -41,7 +41,7 @@ from ray.tune.search.optuna import OptunaSearch
 from service.errors import UserError
 from service.formatting import redact
 from service.sweep import kill_points
-from service.sweep.results import OPTUNA_TRIAL, RUN_CONFIGS, TRIAL_KEY, stopped_early
+from service.sweep.results import ENDED_BEFORE, OPTUNA_TRIAL, RUN_CONFIGS, TRIAL_KEY, stopped_early
 from service.sweep.study_sync import (
     TrialRecords,
     completed_run,
@@ -165,6 +165,8 @@ class ResumableOptunaSearch(OptunaSearch):
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         from optuna.exceptions import UpdateFinishedTrialError
 
+        if result.get(ENDED_BEFORE):  # an earlier attempt's end: its reports come from its run (`_complete`)
+            return
         try:
             super().on_trial_result(trial_id, result)
         except UpdateFinishedTrialError:
@@ -180,6 +182,8 @@ class ResumableOptunaSearch(OptunaSearch):
             self._completed_trials.add(trial_id)  # told before the driver died
             return
         if ot_trial is not None and result and not error:
+            if result.get(ENDED_BEFORE) and self._told_from_run(trial_id, ot_trial):
+                return
             self._report_last(ot_trial, result)
             if self._stopped_early(result):
                 if not self._completed_before(trial_id, ot_trial):
@@ -213,8 +217,16 @@ class ResumableOptunaSearch(OptunaSearch):
         """In a resumed sweep, a trial stopped early whose run an earlier attempt completed
         (`study_sync.completed_run`) is told COMPLETE as its run holds it; returns whether
         it was. A sweep never resumed reads nothing from MLflow here."""
+        if not getattr(self, "_restored", False):
+            return False
+        return self._told_from_run(trial_id, ot_trial)
+
+    def _told_from_run(self, trial_id: str, ot_trial: Any) -> bool:
+        """Tell the study trial ``ot_trial`` COMPLETE as its run holds it (every report, the
+        final objective: `study_sync.completed_run`) when an attempt trained all its steps;
+        returns whether it did."""
         records, space = getattr(self, "_records", None), getattr(self._space, "space", None)
-        if not getattr(self, "_restored", False) or records is None or space is None:
+        if records is None or space is None:
             return False
         try:
             run = completed_run(records, space, ot_trial.number)

@@ -303,3 +303,21 @@ def settle_told_runs(study: Any, records: TrialRecords, space: SearchSpace) -> l
         logger.warning("Optuna trial(s) %s finished in the study before the interrupted driver's workers could "
                        "close their MLflow runs; closed them as the study has them", sorted(settled))
     return sorted(settled)
+
+
+def settle_stored_study(url: str, name: str, records: TrialRecords, space: SearchSpace) -> list[int]:
+    """`settle_told_runs` with the study kept in the database at ``url``, before Tune restores
+    the sweep: a trial the interrupted driver told the study (PRUNED at a rung, say) just
+    before it died may still be running in Tune's last snapshot, which would train it again,
+    to an end the study never hears of. Its run, closed now as the study has it, is among
+    the finished runs whose last report Tune gets back instead (`TrialSettings.replay`).
+    Nothing happens when the study cannot be read (the searcher says why, later)."""
+    import optuna
+
+    try:
+        study = optuna.load_study(study_name=name, storage=url)
+    except Exception as e:  # noqa: BLE001 - no study yet, or a storage the searcher will refuse with a message
+        logger.debug("no stored study to settle runs with: %s", e)
+        return []
+    return settle_told_runs(study, records, space)
+

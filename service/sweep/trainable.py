@@ -15,6 +15,7 @@ from service.sweep.cluster import gpu_ids, node_ip
 from service.sweep.logged_params import compile_params, regularizer_params
 from service.sweep.results import (
     DONE,
+    ENDED_BEFORE,
     OPTUNA_TRIAL,
     PACK_MEMBERS,
     PRUNED,
@@ -148,7 +149,7 @@ def execute_trial(config: dict[str, Any], settings: TrialSettings) -> None:
             outcome = Outcome.COMPLETED
             return
         if (final := _end_trained_before(tracker, space)) is not None:
-            tune.report(final)  # the earlier attempt's end: no second training to stop early
+            tune.report({**final, ENDED_BEFORE: 1.0})  # the earlier attempt's end: no training to stop early
             outcome = Outcome.COMPLETED
             return
         resume = None

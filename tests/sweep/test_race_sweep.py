@@ -46,10 +46,10 @@ def _per_seed(client, run_id: str) -> list[bool]:
     return [r["success"] == "True" for r in rows]
 
 
-def _assert_race_recorded(optuna_db: str, storage: Path) -> None:
-    """One MLflow run, Optuna trial and Tune trial per setting; the hopeless setting left
-    after its first block; every block recorded once; the standings those of
-    `race.replay` on the outcomes the sweep recorded."""
+def _assert_race_recorded(optuna_db: str, storage: Path, tune_trials: bool = True) -> None:
+    """One MLflow run, Optuna trial and (``tune_trials``) Tune trial per setting; the
+    hopeless setting left after its first block; every block recorded once; the standings
+    those of `race.replay` on the outcomes the sweep recorded."""
     import optuna
     from ray.tune import ExperimentAnalysis
 
@@ -100,7 +100,8 @@ def _assert_race_recorded(optuna_db: str, storage: Path) -> None:
         assert t.state == optuna.trial.TrialState.COMPLETE
         assert sorted(t.intermediate_values) == list(range(1, int(c.data.metrics["n_seeds"]) // 8 + 1))
         assert t.value == pytest.approx(c.data.metrics["objective"])  # the value on all its seeds
-    assert len(ExperimentAnalysis(str(storage / "race-e2e")).trials) == 3  # one Tune trial each
+    if tune_trials:  # a resumed sweep's Tune experiment lacks a trial that ended after its last snapshot
+        assert len(ExperimentAnalysis(str(storage / "race-e2e")).trials) == 3  # one Tune trial each
 
 
 @pytest.mark.slow
@@ -189,7 +190,7 @@ def test_a_race_killed_after_its_decisions_resumes_to_the_same_race(ray_address,
     assert done.returncode == 0, done.stdout
     assert "Traceback" not in done.stdout, done.stdout
 
-    _assert_race_recorded(optuna_db, tmp_path / "runs")
+    _assert_race_recorded(optuna_db, tmp_path / "runs", tune_trials=False)
 
 
 def test_racing_refuses_packs_and_asha_settings(tmp_path):

@@ -318,3 +318,47 @@ def test_a_trial_stopped_early_without_a_completed_run_is_pruned_after_a_restore
     _trial_run(client, records, a, Outcome.PRUNED, PRUNED_AT)
     after.on_trial_complete("a", {OBJECTIVE: 0.2, "training_iteration": 2, "step": 100})
     assert optuna.load_study(study_name="sync", storage=url).trials[0].state == States.PRUNED
+
+
+def test_a_repeat_reporting_its_earlier_attempts_end_gets_every_report_from_the_run(tmp_path):
+    """A trial run again reports, once, the end an earlier attempt trained (`ENDED_BEFORE`,
+    `trainable._end_trained_before`) at Tune's first iteration: the study takes every report
+    and the final objective from the run, not that report at iteration 1 (a clean-clone run
+    of test_resume_after_the_driver_is_killed had the study one report short)."""
+    from service.sweep.results import ENDED_BEFORE
+
+    client, records, url, a, after = _restored_with_trial_0(tmp_path)
+    _trial_run(client, records, a, Outcome.RUNNING, COMPLETED)  # its repeat's outbox sent it all
+    end = {OBJECTIVE: 0.4, "training_iteration": 1, "step": STEPS, ENDED_BEFORE: 1.0}
+    after.on_trial_result("a", end)
+    after.on_trial_complete("a", end)
+    trial = optuna.load_study(study_name="sync", storage=url).trials[0]
+    assert trial.state == States.COMPLETE and trial.value == pytest.approx(0.4)
+    assert trial.intermediate_values == pytest.approx({i: i * 0.05 for i in range(1, 9)})
+
+
+def test_a_trial_the_study_pruned_before_the_kill_is_replayed_not_trained_again(tmp_path):
+    """The driver told the study PRUNED at a rung and died before its worker closed the run
+    (and before Tune's next snapshot, which still holds the trial as running). Before Tune
+    restores the sweep, the resume closes the run as the study has it, so the trial is among
+    the finished runs Tune gets the last report of (`finished_reports`, the trainable's
+    replay) instead of a second training to an end the study never hears of (a clean-clone
+    run of test_resume_after_kill had the study PRUNED beside a run completed so)."""
+    from service.sweep.outcome import finished_reports
+    from service.sweep.study_sync import settle_stored_study
+
+    client, records = _records(tmp_path)
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    before = _searcher(records, url)
+    a = before.suggest("a")
+    before.on_trial_result("a", {OBJECTIVE: 0.1, "training_iteration": 1, "step": 50})
+    before.on_trial_complete("a", {OBJECTIVE: 0.2, "training_iteration": 2, "step": 100})  # ASHA stopped it
+    run_id = _trial_run(client, records, a, Outcome.INTERRUPTED, PRUNED_AT)  # closed so by the resume
+    assert finished_reports(client, records.experiment_id, records.parent_run_id, STEPS) == {}
+
+    assert settle_stored_study(url, "sync", records, _space()) == [0]
+    replay = finished_reports(client, records.experiment_id, records.parent_run_id, STEPS)
+    assert replay[0][OBJECTIVE] == pytest.approx(0.2) and replay[0]["step"] == 100  # its pruned end
+    run = client.get_run(run_id)
+    assert (run.info.status, run.data.tags[store.TAG_OUTCOME]) == ("FINISHED", Outcome.PRUNED)
+    assert settle_stored_study(f"sqlite:///{tmp_path / 'none.db'}", "sync", records, _space()) == []
