@@ -189,13 +189,14 @@ _BLOCK_METRICS = ("n_seeds", "success_rate", "success_ci_low", "success_ci_high"
 
 def _race_blocks(client: Any, run_id: str) -> list[tuple[int, float, float, float]]:
     """A racing trial's figures after each of its blocks (one point per block, at step =
-    the block's number): ``(seeds so far, success rate, CI low, CI high)``."""
+    the block's number; step 0 holds a first block's reports while it trains): ``(seeds
+    so far, success rate, CI low, CI high)``."""
     by_block: dict[int, dict[str, float]] = {}
     for key in _BLOCK_METRICS:
         for m in store.retry(lambda key=key: client.get_metric_history(run_id, key)):
             by_block.setdefault(int(m.step), {})[key] = float(m.value)
-    return [(int(b["n_seeds"]), *(b[k] for k in _BLOCK_METRICS[1:])) for _, b in sorted(by_block.items())
-            if all(k in b for k in _BLOCK_METRICS)]
+    return [(int(b["n_seeds"]), *(b[k] for k in _BLOCK_METRICS[1:])) for step, b in sorted(by_block.items())
+            if step >= 1 and all(k in b for k in _BLOCK_METRICS)]
 
 
 def load_report_data(tracking_uri: str, name: str, top: int = 5) -> ReportData | None:

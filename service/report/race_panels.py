@@ -20,8 +20,11 @@ def race(data: ReportData, options: dict[str, Any]) -> Panel | None:
         return None
     go = plotly_go()
     trials = [t for t in data.view.trials if data.race_blocks.get(t.run_id)]
+    by_steps = sorted((t for t in data.view.trials if not data.race_blocks.get(t.run_id)
+                       and t.race.startswith("stopped by steps")), key=lambda t: t.name)
     if not trials:
-        return empty("no block of the race has been recorded yet")
+        return empty("no block of the race has been recorded yet"
+                     + (f"; stopped by steps in their first block: {len(by_steps)}" if by_steps else ""))
     trials.sort(key=lambda t: (-data.race_blocks[t.run_id][-1][0], t.name))  # most seeds first
     fig = go.Figure()
     table = [["trial", "seeds", "standing", "success after its last block [95% CI]", "settings"]]
@@ -41,6 +44,8 @@ def race(data: ReportData, options: dict[str, Any]) -> Panel | None:
         last = blocks[-1]
         table.append([t.name, str(last[0]), standing, f"{round(last[1] * last[0])}/{last[0]} "
                       f"[{fmt_interval(last[2], last[3])}]", short_params(t.params, data.searched)])
+    for t in by_steps:  # no block finished: no point to draw
+        table.append([t.name, "—", t.race, "—", short_params(t.params, data.searched)])
     spent = sum(data.race_blocks[t.run_id][-1][0] for t in trials)
     most = max(data.race_blocks[t.run_id][-1][0] for t in trials)
     fig.update_layout(height=420, xaxis={"title": "seeds so far (one point per block)", "rangemode": "tozero"},
@@ -49,5 +54,7 @@ def race(data: ReportData, options: dict[str, Any]) -> Panel | None:
     note = (f"Each line is a setting as the race saw it, block after block of the same seed ids: its "
             f"success rate on its seeds so far with the 95% interval. A line ends where the setting left or, "
             f"for the incumbent, at the most seeds. The race trained {spent} seed runs in all; "
-            f"{most} seeds for each of these {len(trials)} settings would have been {most * len(trials)}.")
+            f"{most} seeds for each of these {len(trials)} settings would have been {most * len(trials)}."
+            + (f" Stopped by steps inside their first block (ASHA's rule, scheduler.grace_period), with no "
+               f"finished block to draw: {len(by_steps)} more (in the table)." if by_steps else ""))
     return Panel(fig, note, table)

@@ -24,11 +24,15 @@ class SchedulerSpec(Frozen):
     ``race`` races the settings by seeds instead (`service.scoring.race`, docs/racing.md):
     a trial trains ``first_block`` seeds, then ×``growth`` … up to ``max_seeds`` while a
     paired test at level ``alpha`` cannot show it worse than the incumbent. Its keys are
-    None (RaceSpec's defaults) unless given, so a space without them keeps its hash."""
+    None (RaceSpec's defaults) unless given, so a space without them keeps its hash. A
+    race with ``grace_period`` also stops a first block early by steps: ASHA's rule over
+    the settings' first blocks, at rungs ``grace_period`` × ``reduction_factor``^k
+    (`first_block_rungs`); without it every block trains all its steps."""
 
     type: Literal["asha", "none", "race"] = "asha"
     grace_period: int | None = Field(
-        None, ge=1, le=limits.MAX_STEPS, description="training steps before a trial can be stopped (default: steps / 8)"
+        None, ge=1, le=limits.MAX_STEPS, description="training steps before a trial can be stopped (default: steps / 8; "
+        "race: given, a first block may be stopped early by steps)"
     )
     reduction_factor: float = Field(3.0, gt=1, le=1000)
     brackets: int = Field(1, ge=1, le=100)
@@ -45,12 +49,20 @@ class SchedulerSpec(Frozen):
 
         return RaceSpec(**{k: getattr(self, k) for k in RACE_KEYS if getattr(self, k) is not None})
 
+    @property
+    def first_block_rungs(self) -> bool:
+        """Whether a race stops first blocks early by steps (``grace_period`` given)."""
+        return self.type == "race" and self.grace_period is not None
+
     def problems(self) -> list[tuple[str, str]]:
         if self.type != "race":
             return [(f"scheduler.{k}", f"only for 'type: race' (this scheduler is {self.type!r})")
                     for k in RACE_KEYS if getattr(self, k) is not None]
         out = [(f"scheduler.{k}", "ASHA's setting; 'type: race' replaces ASHA (remove it)")
-               for k, default in _ASHA_DEFAULTS.items() if getattr(self, k) != default]
+               for k, default in _ASHA_DEFAULTS.items() if getattr(self, k) != default and k == "brackets"]
+        if self.reduction_factor != _ASHA_DEFAULTS["reduction_factor"] and self.grace_period is None:
+            out.append(("scheduler.reduction_factor", "with 'type: race' only for stopping first blocks by steps: "
+                        "give grace_period too, or remove it"))
         try:
             spec = self.race()
         except ValidationError as e:

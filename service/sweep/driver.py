@@ -43,7 +43,7 @@ from service.sweep.cluster import (
 from service.sweep.logged_params import task_params
 from service.sweep.options import SweepOptions  # the CLI's flags, resolved (named here too)
 from service.sweep.outcome import finished_reports, record_end, tune_trials
-from service.sweep.rungs import release_board
+from service.sweep.rungs import RungSpec, release_board
 from service.sweep.study_sync import TrialRecords, settle_stored_study
 from service.sweep.trainable import TrialSettings, make_trainable
 from service.tracking import driver_tracking, helper, runs, store
@@ -131,8 +131,12 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
         from service.sweep.race_scheduler import RACE_FILE, RaceScheduler
 
         searcher = ResumableOptunaSearch(**args)
+        rungs = None  # with grace_period, first blocks are stopped by steps as ASHA would
+        if space.scheduler.first_block_rungs:
+            rungs = RungSpec(name=options.name, grace=space.grace_reports(), max_t=space.total_reports(),
+                             reduction_factor=space.scheduler.reduction_factor)
         scheduler = RaceScheduler(space.scheduler.race(), records,
-                                  f"{experiment_path(options.storage_path, options.name)}/{RACE_FILE}")
+                                  f"{experiment_path(options.storage_path, options.name)}/{RACE_FILE}", rungs=rungs)
     else:
         searcher = ResumableOptunaSearch(**args)
         scheduler = FIFOScheduler()

@@ -30,32 +30,45 @@ trials that left stay so, including trials Tune's last snapshot did not hold or 
 not run again. A trial's block whose report the kill cut off is trained again from the
 trial's last checkpoint (its records are not doubled: a run skips steps logged already).
 
+**First blocks by steps.** With ``scheduler.grace_period`` a first block reports after
+each evaluation (`race_trial.RACE_REPORT`), and ASHA's rule (`service.sweep.rungs.Rungs`,
+Tune's asynchronous successive halving) over the settings' first blocks stops one whose
+objective at a rung is below the top 1/``reduction_factor`` recorded there: it leaves the
+race "stopped by steps", before it has any outcome to compare. Blocks after the first, and
+a first block past its last rung, train all their steps; the race's decisions are by seeds.
+
 Where each setting left is tagged on its MLflow run (``nalu_sweep.race.exit``: incumbent,
-eliminated, replaced, lost at max; ``nalu_sweep.race.exit_block``) as it is decided.
+eliminated, replaced, lost at max, stopped by steps; ``nalu_sweep.race.exit_block``) as it
+is decided.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
+from service.scoring.objective import OBJECTIVE
 from service.scoring.race import BETTER, WORSE, Outcome, RaceSpec, decide, evidence
 from service.sweep import kill_points
 from service.sweep.race_trial import (
     RACE_BLOCK,
     RACE_OUTCOMES,
+    RACE_REPORT,
     RACE_SEEDS,
     decode_outcomes,
 )
 from service.sweep.results import trial_key
+from service.sweep.rungs import Rungs, RungSpec
 from service.sweep.study_sync import TrialRecords
 
 logger = logging.getLogger(__name__)
 INCUMBENT, ELIMINATED, REPLACED, LOST_AT_MAX = "incumbent", "eliminated", "replaced", "lost at max"
+STOPPED_BY_STEPS = "stopped by steps"  # a first block ASHA's rule stopped (``scheduler.grace_period``)
 RACE_FILE = "race_state.json"  # in the sweep's Tune experiment directory (`RaceFile`)
 
 
@@ -137,13 +150,16 @@ class RaceFile:
         race.incumbent = data["incumbent"]
         race.exits = {k: (reason, int(seeds)) for k, (reason, seeds) in data["exits"].items()}
         race.waiting = list(data["waiting"])
+        for key, iteration, value, kept in data.get("rungs", []) if race.rungs is not None else []:
+            race.record_rung(key, int(iteration), float(value), bool(kept))
 
     def save(self, race: RaceScheduler) -> None:
         if self.path is None:
             return
         data = {"trials": {k: {"outcomes": self.encoded[k], "seeds": race.seeds[k], "blocks": race.blocks[k]}
                            for k in race.outcomes},
-                "incumbent": race.incumbent, "exits": race.exits, "waiting": race.waiting}
+                "incumbent": race.incumbent, "exits": race.exits, "waiting": race.waiting,
+                "rungs": race.rung_records}
         try:
             filesystem, path = self._fs()
             filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
@@ -163,9 +179,13 @@ class RaceScheduler(FIFOScheduler):
     decision (`RaceFile`): a resumed sweep's scheduler, unpickled by Tune as it was when the
     sweep began, reads it back before its first decision."""
 
-    def __init__(self, spec: RaceSpec, records: TrialRecords | None = None, state_path: str | None = None) -> None:
+    def __init__(self, spec: RaceSpec, records: TrialRecords | None = None, state_path: str | None = None,
+                 rungs: RungSpec | None = None) -> None:
         super().__init__()
         self.spec = spec
+        self.rung_spec = rungs  # None: first blocks train all their steps
+        self.rungs = Rungs(rungs.grace, rungs.max_t, rungs.reduction_factor) if rungs is not None else None
+        self.rung_records: list[tuple[str, int, float, bool]] = []  # (trial key, report, objective, kept)
         self.tags = ExitTags(records)
         self.state = RaceFile(state_path)
         self.outcomes: dict[str, dict[Any, Outcome]] = {}  # trial key -> instance -> outcome
@@ -175,8 +195,16 @@ class RaceScheduler(FIFOScheduler):
         self.exits: dict[str, tuple[str, int]] = {}  # trial key -> (reason, seeds when it left)
         self.waiting: list[str] = []  # at the maximum, undecided: the incumbent has fewer seeds
 
+    def __setstate__(self, state: dict[str, Any]) -> None:  # a scheduler pickled before rungs existed
+        state.setdefault("rung_spec", None)
+        state.setdefault("rungs", None)
+        state.setdefault("rung_records", [])
+        self.__dict__.update(state)
+
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
         if RACE_OUTCOMES not in result:
+            if RACE_REPORT in result and self.rungs is not None:
+                return self._first_block_report(trial_key(trial.trial_id, trial.config), result)
             return TrialScheduler.CONTINUE
         self.state.load_into(self)
         t = trial_key(trial.trial_id, trial.config)
@@ -188,6 +216,31 @@ class RaceScheduler(FIFOScheduler):
         self.state.save(self)
         kill_points.reached("race_decided")
         return TrialScheduler.STOP if stop else TrialScheduler.CONTINUE
+
+    def _first_block_report(self, t: str, result: dict) -> str:
+        """ASHA's rule at a first block's evaluation: STOP when its objective is below the
+        top 1/``reduction_factor`` of the first blocks recorded at the rung it reached."""
+        self.state.load_into(self)
+        if t in self.exits:
+            return TrialScheduler.STOP
+        value = result.get(OBJECTIVE)
+        kept = self.record_rung(t, int(result[RACE_REPORT]), float(value if value is not None else math.nan))
+        if not kept:
+            self.exits[t] = (STOPPED_BY_STEPS, 0)
+            self.tags.write(t, STOPPED_BY_STEPS, 0)
+        self.state.save(self)
+        kill_points.reached("race_decided")
+        return TrialScheduler.CONTINUE if kept else TrialScheduler.STOP
+
+    def record_rung(self, t: str, iteration: int, value: float, kept: bool | None = None) -> bool:
+        """`Rungs.judge` for trial ``t`` (``kept`` given: replay that decision), keeping each
+        new record for the race file."""
+        assert self.rungs is not None
+        before = sum(len(r) for r in self.rungs.records.values())
+        decision = self.rungs.judge(t, iteration, value, kept)
+        if sum(len(r) for r in self.rungs.records.values()) > before:
+            self.rung_records.append((t, iteration, value, decision))
+        return decision
 
     # -- the rule ---------------------------------------------------------------------------
     def _decide(self, t: str) -> bool:

@@ -11,8 +11,10 @@ After each block the trial logs to its MLflow run the metrics of all its seeds s
 table (``seeds.csv``, all seeds so far; the weights and curves of the latest block), and
 reports once to Tune: the metrics, and the per-seed outcomes of all its seeds
 (``RACE_OUTCOMES``) that the race scheduler (`service.sweep.race_scheduler`) decides on.
-Every block's report may be the last (the scheduler stops the trial inside it), so
-everything is logged before it, and each report carries a checkpoint (`RaceState`): a
+With ``scheduler.grace_period`` the first block also reports after each evaluation (no
+outcomes, ``RACE_BLOCK`` 0, logged to the run at step 0), so the scheduler can stop it
+early by steps, as ASHA would. Every block's report may be the last (the scheduler stops
+the trial inside it), so everything is logged before it, and each report carries a checkpoint (`RaceState`): a
 retried or resumed trial continues at the next block; a block interrupted half way is
 trained again from its start.
 """
@@ -45,7 +47,12 @@ in race order (position k is seed ``seed_offset + k`` in every setting)."""
 RACE_SEEDS = "race/seeds"
 """Result key: the seeds (per task) the trial has trained."""
 RACE_BLOCK = "race/block"
-"""Result key: the blocks the trial has trained (1 after its first)."""
+"""Result key: the blocks the trial has trained (1 after its first; 0 in a report from
+inside its first block)."""
+RACE_REPORT = "race/report"
+"""Result key of a report from inside a first block (a race that stops first blocks by
+steps: ``scheduler.grace_period``): the block's evaluations so far, over its tasks, which
+ASHA's rungs count (`SearchSpace.grace_reports`)."""
 STATE_FILE = "race_state.json"
 
 
@@ -136,12 +143,15 @@ def run_race_trial(
         if progress is not None:
             progress.completed = False
         latest = {}
-        for task, config in block_configs(configs, spec, block).items():
+        rungs = _RungReports(space, report, tracker) if block == 0 and space.scheduler.first_block_rungs else None
+        for index, (task, config) in enumerate(block_configs(configs, spec, block).items()):
             trainer = Trainer(config)
             attach_on_gpu(trainer)
             if tracker is not None and block == state.blocks and task == next(iter(configs)):
                 tracker.set_tags({TAG_DEVICE: str(trainer.device)})
-            result = trainer.run()
+            result = trainer.run(rungs.on_eval(trainer, task, index) if rungs is not None else None)
+            if rungs is not None:
+                rungs.finished(task, result)
             state.seeds[task].extend(result.seeds)
             state.reinitialisations[task].extend(list(result.reinitialisations) or [0] * len(result.seeds))
             state.thresholds[task] = dict(result.thresholds)
@@ -163,6 +173,39 @@ def run_race_trial(
             report_checkpoint(out, state)
         else:
             report(out)
+
+
+class _RungReports:
+    """A first block's reports after each evaluation (``scheduler.grace_period``): the
+    objective of its seeds so far, combined over the tasks the block has trained (as a
+    trial's reports to ASHA, `service.sweep.trial`), for the scheduler to stop the block by
+    steps; logged to the run at step 0 (the first block, in progress)."""
+
+    def __init__(self, space: SearchSpace, report: Callable[[dict[str, Any]], None], tracker: Any) -> None:
+        from service.sweep.trial import TaskScores, TrialProgress
+
+        self.space, self.report, self.tracker = space, report, tracker
+        self.scores = TaskScores(space, TrialProgress())
+
+    def on_eval(self, trainer: Any, task: str, index: int) -> Callable[[Any], None]:
+        from service.sweep.trial import partial_aggregate
+
+        offset = index * self.space.steps
+
+        def on_eval(rep: Any) -> None:
+            if rep.step <= 0 or rep.step >= rep.total_steps:
+                return  # the block's end is its block report
+            metrics = self.scores.partial(task, partial_aggregate(trainer, rep), trainer.thresholds)
+            if self.tracker is not None:
+                self.tracker.log_metrics(metrics, 0)
+            step = offset + rep.step
+            self.report({**metrics, STEP: float(step), RACE_BLOCK: 0.0,
+                         RACE_REPORT: float(step // self.space.eval_every)})
+
+        return on_eval
+
+    def finished(self, task: str, result: Any) -> None:
+        self.scores.finish_task(task, result)
 
 
 def _log_block(tracker: Any, latest: dict[str, Any], state: RaceState, params: dict[str, Any]) -> None:

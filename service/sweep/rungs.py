@@ -56,17 +56,17 @@ class Rungs:
             count = int(np.log(max_t / grace) / np.log(reduction_factor) - s + 1)  # Tune's own
             self.milestones.append([grace * reduction_factor ** (k + s) for k in reversed(range(count))])
         # (bracket, rung) -> member -> (value, iteration, kept)
-        self.records: dict[tuple[int, int], dict[int, tuple[float, int, bool]]] = {}
+        self.records: dict[tuple[int, int], dict[int | str, tuple[float, int, bool]]] = {}
 
-    def bracket_of(self, member: int) -> int:
+    def bracket_of(self, member: int | str) -> int:
         """A member's bracket: drawn with Tune's weights (e^(rungs − most rungs)), seeded by
         the member (its Optuna trial number), so every worker and restart agrees."""
         sizes = [len(m) for m in self.milestones]
         weights = [math.exp(n - max(sizes)) for n in sizes]
         return random.Random(member).choices(range(len(sizes)), weights=weights)[0]
 
-    def judge(self, member: int, iteration: int, value: float, kept: bool | None = None) -> bool:
-        """Whether ``member`` goes on after its report number ``iteration`` with objective
+    def judge(self, member: int | str, iteration: int, value: float, kept: bool | None = None) -> bool:
+        """Whether ``member`` (an Optuna trial number; a race's trial key) goes on after its report number ``iteration`` with objective
         ``value``; ``kept`` given: record that decision instead (a replay)."""
         bracket = self.bracket_of(member)
         for rung, milestone in enumerate(self.milestones[bracket]):

@@ -41,6 +41,7 @@ from ray.tune.search.optuna import OptunaSearch
 from service.errors import UserError
 from service.formatting import redact
 from service.sweep import kill_points
+from service.sweep.race_trial import RACE_BLOCK
 from service.sweep.results import ENDED_BEFORE, OPTUNA_TRIAL, RUN_CONFIGS, TRIAL_KEY, stopped_early
 from service.sweep.study_sync import (
     TrialRecords,
@@ -167,6 +168,10 @@ class ResumableOptunaSearch(OptunaSearch):
 
         if result.get(ENDED_BEFORE):  # an earlier attempt's end: its reports come from its run (`_complete`)
             return
+        if RACE_BLOCK in result:  # a race: an intermediate value per block, at the block's number
+            if not result[RACE_BLOCK]:
+                return  # inside a first block (stopped there: its last report, at 0, in `_report_last`)
+            result = {**result, TRAINING_ITERATION: result[RACE_BLOCK]}
         try:
             super().on_trial_result(trial_id, result)
         except UpdateFinishedTrialError:
@@ -199,7 +204,7 @@ class ResumableOptunaSearch(OptunaSearch):
         """Add the trial's last report to its intermediate values: Tune passes a searcher
         every report but the one its scheduler stops the trial at (ASHA: a pruned trial's
         last rung, a finished trial's ``max_t``)."""
-        value, step = result.get(self.metric), result.get(TRAINING_ITERATION)
+        value, step = result.get(self.metric), result.get(RACE_BLOCK, result.get(TRAINING_ITERATION))
         if value is None or step is None or int(step) in self._frozen(ot_trial).intermediate_values:
             return
         try:

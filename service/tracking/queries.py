@@ -109,6 +109,8 @@ def race_standing(tags: dict[str, str]) -> str:
     reason = tags.get(store.TAG_RACE_EXIT, "")
     if not reason or reason == "incumbent":
         return reason
+    if tags.get(store.TAG_RACE_EXIT_BLOCK) == "0":  # stopped inside its first block (by steps)
+        return f"{reason} in block 1"
     return f"{reason} after block {tags.get(store.TAG_RACE_EXIT_BLOCK, '?')}"
 
 

@@ -9,9 +9,11 @@ from types import SimpleNamespace
 from service.report.race_panels import race
 
 
-def _data(blocks, raced=True):
+def _data(blocks, raced=True, by_steps=()):
+    standings = (("a", "incumbent"), ("b", "eliminated after block 1"), ("c", ""),
+                 *((k, "stopped by steps in block 1") for k in by_steps))
     trials = [SimpleNamespace(run_id=k, name=f"trial-{k}", race=standing, params={"lr": "0.1"})
-              for k, standing in (("a", "incumbent"), ("b", "eliminated after block 1"), ("c", ""))]
+              for k, standing in standings]
     view = SimpleNamespace(trials=trials)
     return SimpleNamespace(view=view, raced=raced, race_blocks=blocks, searched=["lr"])
 
@@ -32,3 +34,12 @@ def test_one_line_per_setting_over_its_seeds_ending_where_it_left():
 def test_a_sweep_that_did_not_race_has_no_race_panel():
     assert race(_data({}, raced=False), {}) is None
     assert "no block of the race" in race(_data({}), {}).note
+
+
+def test_a_setting_stopped_by_steps_is_listed_not_drawn():
+    blocks = {"a": [(8, 1.0, 0.68, 1.0)], "b": [(8, 0.0, 0.0, 0.32)]}
+    panel = race(_data(blocks, by_steps=("d",)), {})
+    assert [t.name for t in panel.figure.data] == ["trial-a: incumbent", "trial-b: eliminated after block 1"]
+    assert panel.table[-1][:4] == ["trial-d", "—", "stopped by steps in block 1", "—"]
+    assert "Stopped by steps inside their first block" in panel.note and "1 more (in the table)" in panel.note
+    assert "stopped by steps in their first block: 1" in race(_data({}, by_steps=("d",)), {}).note

@@ -25,13 +25,13 @@ SMOKE = Path(__file__).resolve().parents[2] / "search_spaces" / "smoke.yaml"
 NEVER = 1.0e-6  # a learning rate at which no seed moves far enough to succeed in 2,000 steps
 
 
-def _race_space(tmp_path: Path, **scheduler) -> Path:
+def _race_space(tmp_path: Path, lrs: tuple[float, ...] = (0.15, NEVER, 0.1), **scheduler) -> Path:
     """The smoke space's task and model, Adam, three learning rates on a grid: two that
     solve most seeds in 2,000 steps and one that never does."""
     data = yaml.safe_load(SMOKE.read_text())
     data["fixed"]["train"]["optimizer"] = {"name": "adam"}
-    data["params"] = {"lr": {"type": "categorical", "choices": [0.15, NEVER, 0.1], "target": "train.optimizer.lr"}}
-    data.update(name="race-e2e", trials=3, concurrency=1, sampler={"type": "grid", "seed": 0},
+    data["params"] = {"lr": {"type": "categorical", "choices": list(lrs), "target": "train.optimizer.lr"}}
+    data.update(name="race-e2e", trials=len(lrs), concurrency=1, sampler={"type": "grid", "seed": 0},
                 scheduler={"type": "race", **scheduler})
     path = tmp_path / "race.yaml"
     path.write_text(yaml.safe_dump(data))
@@ -124,6 +124,45 @@ def test_a_race_eliminates_a_hopeless_setting_after_its_first_block(ray_address,
     _assert_race_drawn(tmp_path)
 
 
+@pytest.mark.slow
+def test_a_first_block_is_stopped_early_by_steps_with_a_grace_period(ray_address, tmp_path):
+    """``scheduler: {type: race, grace_period: 1000}``: the hopeless setting's first block
+    is stopped at its 1,000-step rung (below the good setting's objective there: the grid
+    sampler proposes the good one first), before
+    any seed finished: its run is pruned after 4 of 8 evaluations, tagged "stopped by
+    steps", its Optuna trial PRUNED; the good setting races on to 16 seeds."""
+    import optuna
+
+    space = _race_space(tmp_path, lrs=(NEVER, 0.15), first_block=8, growth=2, max_seeds=16, grace_period=1000)
+    optuna_db = f"sqlite:///{tmp_path / 'optuna.db'}"
+    result = runner.invoke(app, ["sweep", str(space), "--optuna-storage", optuna_db,
+                                 "--storage-path", str(tmp_path / "runs")])
+    assert result.exit_code == 0, result.output
+
+    client = store.client(store.resolve_tracking_uri(None))
+    experiment = client.get_experiment_by_name("race-e2e")
+    parent = runs.find_sweep_run(client, experiment.experiment_id, "race-e2e")
+    by_lr = {float(c.data.params["lr"]): c for c in runs.trial_runs(client, experiment.experiment_id,
+                                                                      parent.info.run_id)}
+    good, hopeless = by_lr[0.15], by_lr[NEVER]
+    assert hopeless.data.tags[store.TAG_OUTCOME] == "pruned"
+    assert hopeless.data.tags[store.TAG_RACE_EXIT] == "stopped by steps"
+    assert hopeless.data.tags[store.TAG_RACE_EXIT_BLOCK] == "0"
+    evaluations = client.get_metric_history(hopeless.info.run_id, "objective")
+    assert sorted(m.step for m in evaluations) == [0, 0, 0, 0]  # 250 … 1,000 steps of its first block, then stopped
+    assert good.data.tags[store.TAG_RACE_EXIT] == "incumbent" and good.data.metrics["n_seeds"] == 16
+    # its first block's 7 evaluations before its end at step 0, then one point per block
+    assert sorted(m.step for m in client.get_metric_history(good.info.run_id, "n_seeds")) == [0] * 7 + [1, 2]
+
+    study = {t.params["lr"]: t for t in optuna.load_study(study_name="race-e2e", storage=optuna_db).get_trials()}
+    assert study[NEVER].state == optuna.trial.TrialState.PRUNED and list(study[NEVER].intermediate_values) == [0]
+    assert study[0.15].state == optuna.trial.TrialState.COMPLETE
+    assert sorted(study[0.15].intermediate_values) == [1, 2]
+
+    status = runner.invoke(app, ["status", "race-e2e"])
+    assert status.exit_code == 0 and "stopped by steps in block 1" in status.output, status.output
+
+
 # what the report's race panel draws: per trace, its legend text and its points' centres
 RACE_DRAWN = """(() => {
   const box = el => { const r = el.getBoundingClientRect(); return [(r.left + r.right) / 2, (r.top + r.bottom) / 2]; };
@@ -198,11 +237,12 @@ def test_racing_refuses_packs_and_asha_settings(tmp_path):
     packed = runner.invoke(app, ["sweep", str(space), "--pack", "2"])
     assert packed.exit_code == 2 and "pack > 1 is not supported" in packed.output, packed.output
     data = yaml.safe_load(space.read_text())
-    data["scheduler"] = {"type": "race", "reduction_factor": 2, "first_block": 32, "max_seeds": 16}
+    data["scheduler"] = {"type": "race", "reduction_factor": 2, "brackets": 2, "first_block": 32, "max_seeds": 16}
     space.write_text(yaml.safe_dump(data))
     bad = runner.invoke(app, ["sweep", str(space)])
     text = " ".join(bad.output.split())
-    assert bad.exit_code == 2 and "scheduler.reduction_factor: ASHA's setting" in text, bad.output
+    assert bad.exit_code == 2 and "scheduler.brackets: ASHA's setting" in text, bad.output
+    assert "scheduler.reduction_factor: with 'type: race' only for stopping first blocks by steps" in text
     assert "max_seeds (16) must be at least first_block (32)" in text and "Traceback" not in bad.output
     data["scheduler"] = {"type": "asha", "max_seeds": 16}
     space.write_text(yaml.safe_dump(data))
@@ -283,3 +323,52 @@ def test_the_race_is_written_through_and_read_back_by_a_scheduler_unpickled_as_i
     assert report(resumed, "c", [False] * 8) == TrialScheduler.STOP  # judged against a's recorded seeds
     afresh = RaceScheduler(spec, None, str(tmp_path / "elsewhere" / "race_state.json"))
     assert report(afresh, "c", [False] * 8) == TrialScheduler.CONTINUE and afresh.incumbent == "id-c"
+
+
+def test_a_first_block_below_the_rungs_cut_is_stopped_by_steps_and_the_file_keeps_it(tmp_path):
+    """``scheduler.grace_period`` with a race: a first block reports after each evaluation,
+    and ASHA's rule over first blocks (rungs at 1, 3 reports; keep the top third) stops one
+    below the cut before it has any outcome; the decisions survive a scheduler unpickled as
+    the sweep began. Without rungs the same reports never stop anything."""
+    import json
+    import pickle
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    from service.scoring.objective import OBJECTIVE
+    from service.sweep.race_scheduler import STOPPED_BY_STEPS, RaceScheduler
+    from service.sweep.race_trial import (
+        RACE_BLOCK,
+        RACE_OUTCOMES,
+        RACE_REPORT,
+        RACE_SEEDS,
+    )
+    from service.sweep.rungs import RungSpec
+
+    spec = RaceSpec(first_block=8, growth=2, max_seeds=16)
+    rungs = RungSpec(name="s", grace=1, max_t=4, reduction_factor=3.0)
+    path = str(tmp_path / "exp" / "race_state.json")
+    as_begun = pickle.dumps(RaceScheduler(spec, None, path, rungs=rungs))
+
+    def at(scheduler, key: str, report: int, objective: float) -> str:
+        result = {OBJECTIVE: objective, RACE_REPORT: report, RACE_BLOCK: 0}
+        return scheduler.on_trial_result(None, SimpleNamespace(trial_id=f"id-{key}", config={}), result)
+
+    race = RaceScheduler(spec, None, path, rungs=rungs)
+    assert at(race, "a", 1, 0.9) == TrialScheduler.CONTINUE  # the first at the rung: nothing to compare
+    assert at(race, "a", 2, 0.9) == TrialScheduler.CONTINUE  # between rungs
+    assert at(race, "b", 1, 0.1) == TrialScheduler.STOP  # below a's 0.9: the top third goes on
+    assert race.exits == {"id-b": (STOPPED_BY_STEPS, 0)}
+    assert at(race, "c", 1, 0.95) == TrialScheduler.CONTINUE  # above the cut
+
+    resumed = pickle.loads(as_begun)
+    assert at(resumed, "b", 1, 0.1) == TrialScheduler.STOP  # its report made again after a kill
+    assert at(resumed, "d", 1, 0.5) == TrialScheduler.STOP  # judged against the recorded 0.9, 0.1, 0.95
+    assert at(resumed, "e", 1, 0.99) == TrialScheduler.CONTINUE
+    block = {RACE_OUTCOMES: json.dumps({"t": [[1, None]] * 8}), RACE_SEEDS: 8, RACE_BLOCK: 1}
+    assert resumed.on_trial_result(None, SimpleNamespace(trial_id="id-a", config={}), block) == TrialScheduler.CONTINUE
+    assert resumed.incumbent == "id-a"  # the first block to finish: a setting stopped by steps has none
+
+    no_rungs = RaceScheduler(spec, None, None)
+    assert at(no_rungs, "a", 1, 0.9) == at(no_rungs, "b", 1, 0.0) == TrialScheduler.CONTINUE
