@@ -7,7 +7,7 @@ with this project's trainer and metrics, and print it beside the published one.
 
 PROTOCOL is one of:
 
-* ``small_mul`` — the small multiplication problem ``t = (x1+x2+x3+x4)(x1+x2)`` (SPEC.md §2),
+* ``small_mul`` — the small multiplication problem ``t = (x1+x2+x3+x4)(x1+x2)`` (docs/domain/tasks.md),
   the paper's table "very-simple-function-results": Linear, NAC•, NALU and NMU, 2·10⁵ steps.
 * ``arithmetic`` — the arithmetic datasets task (100 inputs, subsets of 25 overlapping by
   half) for + − × ÷, the paper's Table 1 and its appendix table: Linear, NAC+, NAC•, NALU,
@@ -20,7 +20,7 @@ regulariser's warm-up then keeps the same fractions of the run. The published fi
 transcribed from the paper's tables (the reference repository's ``paper/results/*.tex``);
 nothing here is tuned to match them.
 
-Metrics (SPEC.md §3, as in the paper): a seed succeeds when its extrapolation MSE at its
+Metrics (docs/domain/metrics.md, as in the paper): a seed succeeds when its extrapolation MSE at its
 best-interpolation evaluation is below the ε = 1e-5 threshold; ``solved_at`` is the first
 evaluation step below it (solved seeds); the sparsity error is taken at each solved seed's
 best step and averaged over solved seeds. Intervals are 95% (Wilson for the success rate,
@@ -74,7 +74,7 @@ TRAIN = {"batch_size": 128, "eval_every": 1000, "loss": "mse",
 OFF = {"lambda_max": 0.0, "t_start": 0, "t_end": 1}
 # NMU (and gated) runs: λ_max 10, linear warm-up from 1e6 to 2e6 steps of a 5e6-step run
 MUL_REG = {"shape": "linear", "lambda_max": 10.0, "t_start": 1_000_000, "t_end": 2_000_000}
-# NAU for add/sub: λ_max 0.01 from 5e3 to 5e4 steps (SPEC.md §1 reference defaults)
+# NAU for add/sub: λ_max 0.01 from 5e3 to 5e4 steps (docs/domain/units.md reference defaults)
 ADD_REG = {"shape": "linear", "lambda_max": 0.01, "t_start": 5_000, "t_end": 50_000}
 GATED = {"unit": "nalu", "options": {"weights": "independent", "add_unit": "nau", "mul_unit": "nmu"}}
 

@@ -29,7 +29,7 @@ with an NMU (mul), and the rest (NAU for add/sub)."""
 
 
 def reference_regularizer(layers: "tuple[LayerConfig, ...]", steps: int) -> RegularizerSchedule:
-    """The reference schedule of SPEC.md §1 scaled to a ``steps``-step run: the same fractions
+    """The reference schedule of docs/domain/units.md scaled to a ``steps``-step run: the same fractions
     of the run as the reference's of its 5e6 steps (NMU: λ_max 10 from 20% to 40%; otherwise
     0.01 from 0.1% to 1%); t_end is at least t_start + 1 for very short runs."""
     nmu = any(layer.unit == "nmu" or layer.options.get("mul_unit") == "nmu" for layer in layers)
@@ -167,8 +167,8 @@ class RunConfig(Frozen):
         return torch.float64 if self.dtype == "float64" else torch.float32
 
     def regularizer(self) -> RegularizerSchedule:
-        """The effective schedule: the configured one, else the reference default of SPEC.md
-        §1 scaled to the run's length (`reference_regularizer`)."""
+        """The effective schedule: the configured one, else the reference default of
+        docs/domain/units.md scaled to the run's length (`reference_regularizer`)."""
         if self.train.regularizer is not None:
             return self.train.regularizer
         return reference_regularizer(self.layers(), self.train.steps)

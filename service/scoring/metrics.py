@@ -1,4 +1,4 @@
-"""Metrics of SPEC.md §3: per seed, then over seeds.
+"""Metrics of docs/domain/metrics.md: per seed, then over seeds.
 
 Pure functions on numpy (and torch for `sparsity_error`); no training code. NaN/inf from a
 diverged seed never raise: a NaN MSE is never below a threshold and ranks as +inf when the
@@ -145,7 +145,7 @@ class EvalHistory:
 
 
 class SeedMetrics(BaseModel):
-    """One training seed's outcome (SPEC.md §3); MSEs are taken at ``best_step``."""
+    """One training seed's outcome (docs/domain/metrics.md); MSEs are taken at ``best_step``."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -273,7 +273,7 @@ def per_seed_metrics(
 
 # -- over seeds -----------------------------------------------------------------------------------
 class AggregateMetrics(BaseModel):
-    """A setting's result over its S seeds (SPEC.md §3); intervals are 95%.
+    """A setting's result over its S seeds (docs/domain/metrics.md); intervals are 95%.
 
     Field names are the MLflow metric keys and report columns (`to_metrics` flattens the
     per-range dicts as ``name.range``). ``None`` where a statistic is undefined (no solved

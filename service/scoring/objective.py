@@ -1,7 +1,7 @@
 """The sweep objective: how robustly a setting learns, as one finite number (higher is better).
 
 Primary: ``success_ci_low``, the lower end of the 95% Wilson interval of the success rate
-(SPEC.md §5: judge a setting by the lower end, not the point estimate; a diverged seed is a
+(docs/domain/metrics.md: judge a setting by the lower end, not the point estimate; a diverged seed is a
 failed seed). Tie-breakers, lexicographically: a lower median ``solved_at`` (as a fraction
 of the step budget), then a lower mean ``sparsity_error`` (over solved seeds, each at its
 best-validation step: the NAU paper's figure). They enter with weights far below

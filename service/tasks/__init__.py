@@ -1,4 +1,4 @@
-"""Tasks of SPEC.md §2, keyed by ``kind``; `parse_task` turns a mapping into a task config."""
+"""Tasks of docs/domain/tasks.md, keyed by ``kind``; `parse_task` turns a mapping into a task config."""
 
 from __future__ import annotations
 

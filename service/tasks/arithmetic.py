@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 class ArithmeticTask(SubsetTask):
-    """``x ∈ R^100`` i.i.d. from the interpolation range, ``t = a ∘ b`` (SPEC.md §2)."""
+    """``x ∈ R^100`` i.i.d. from the interpolation range, ``t = a ∘ b`` (docs/domain/tasks.md)."""
 
     kind: Literal["arithmetic"] = "arithmetic"
     PACKABLE: ClassVar[frozenset[str]] = frozenset({"operation"})  # the target alone

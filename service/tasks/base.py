@@ -3,7 +3,7 @@
 Every task is "select, then operate": an exact first layer ``selection [K, I]`` picks K
 operands as weighted sums of the inputs, and ``apply_operation`` combines them. That one
 description gives the training target, the exact model for the contract tests, and the
-ε-perturbed model whose extrapolation error is the success threshold (SPEC.md §3).
+ε-perturbed model whose extrapolation error is the success threshold (docs/domain/metrics.md).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ EVAL_MASTER_SEED = 20_191_017
 """Evaluation sets are drawn from this fixed seed: identical for every trial and seed."""
 
 THRESHOLD_EPSILON = 1e-5
-"""How far the nearly perfect model's selection weights are moved (SPEC.md §3)."""
+"""How far the nearly perfect model's selection weights are moved (docs/domain/metrics.md)."""
 
 _THRESHOLD_CHUNK = 65_536
 _THRESHOLD_CACHE_VERSION = 1  # bump when the simulation changes: old disk entries are ignored
@@ -126,7 +126,7 @@ class Task(Frozen):
         """The nearly perfect first layer: every weight moved ε towards the wrong side.
 
         ``w → w − ε·sign(w)`` for ``w ≠ 0`` (1 → 1 − ε, −1 → −1 + ε: the magnitude shrinks)
-        and ``0 → ε`` (an unused input leaks in), as in SPEC.md §3.
+        and ``0 → ε`` (an unused input leaks in), as in docs/domain/metrics.md.
         """
         import torch
 
@@ -161,7 +161,7 @@ class Task(Frozen):
         The selection weights are ε-perturbed (`perturbed_selection`; tasks without a
         selection layer perturb their single unit's weights, see `nearly_perfect_error`), the
         operation is applied exactly, and the MSE against the exact model is simulated in float64 on
-        ``threshold_samples`` draws from the range with a fixed seed (SPEC.md §3). Computed
+        ``threshold_samples`` draws from the range with a fixed seed (docs/domain/metrics.md). Computed
         once per configuration: cached in memory and in a small JSON file under
         ``$NALU_SWEEP_CACHE_DIR`` (default ``~/.cache/nalu-sweep``).
         """
@@ -170,7 +170,7 @@ class Task(Frozen):
     def nearly_perfect_error(self, x: torch.Tensor, epsilon: float = THRESHOLD_EPSILON) -> torch.Tensor:
         """Output of the nearly perfect model minus the exact target, ``[N, I] → [N, O]``.
 
-        Here: the ε-perturbed selection followed by the exact operation (SPEC.md §3). Tasks
+        Here: the ε-perturbed selection followed by the exact operation (docs/domain/metrics.md). Tasks
         with no selection layer (a single unit learns everything) override this.
         """
         exact = self.selection().to(dtype=x.dtype, device=x.device)

@@ -1,4 +1,4 @@
-"""Recurrent tasks (SPEC.md §2 "Recurrent tasks"): a unit accumulates over a sequence.
+"""Recurrent tasks (docs/domain/tasks.md "Recurrent tasks"): a unit accumulates over a sequence.
 
 A sequence task gives, per time step, an input ``x_t ∈ R^I`` (numbers, or a digit image);
 a read-out (the model's first layers) maps it to ``z_t``, and the recurrent cell (the last
@@ -17,7 +17,7 @@ What is scored (docs/metrics-sequence.md): the read-out and the arithmetic apart
 * ``length_<L>``: the cell judged on the model's *own* read-out: the squared difference
   at position L between the cell's output and the exact running sum (product), in float64,
   of the values the model's read-out produced; threshold: a nearly exact cell that takes
-  each step's value with weight 1 − ε (ε = 1e-5, SPEC.md §3's) and accumulates exactly,
+  each step's value with weight 1 − ε (ε = 1e-5, docs/domain/metrics.md's) and accumulates exactly,
   run on the reference read-out's values, plus what float32 rounding costs an exact cell. A noisy read-out therefore cannot pass a long length by being less biased
   than the reference: the read-out's error does not enter a length's figure at all.
 * a length counts as solved only with the read-out and every shorter test length
@@ -53,7 +53,7 @@ _MAX_TEST_LENGTH = 100_000
 READOUT = "readout"
 """The range name of the read-out's per-step accuracy."""
 CELL_EPSILON = 1e-5
-"""How far from exact the step weight of the threshold's nearly solved cell is (SPEC.md §3's ε)."""
+"""How far from exact the step weight of the threshold's nearly solved cell is (docs/domain/metrics.md's ε)."""
 
 
 def length_name(length: int) -> str:
@@ -190,7 +190,7 @@ class SequenceTask(Task):
         cell at the scored positions, against the exact running result of the values it is
         fed (the reference read-out's): the step's weight ε from exact, the accumulation
         exact (``h ← h + (1 − ε)v``; products ``h ← h·((1 − ε)v + ε)``, the NMU's form), as
-        the static tasks' nearly perfect model (SPEC.md §3); plus an exact cell that rounds
+        the static tasks' nearly perfect model (docs/domain/metrics.md); plus an exact cell that rounds
         to float32 at every step, as the model's does. (ε on the recurrence weight would
         compound over the sequence: 1% at length 1000, 63% at 100,000.)"""
         import torch

@@ -4,7 +4,7 @@ i.i.d. from the number range, the step operand is the sum of a run of its positi
 product ``Π_{s≤t} a_s``. Trained on ``train_length``, tested on each of ``test_lengths``.
 
 Solved reference read-out: the exact selection moved by ε = 1e-5 towards the wrong side
-(as SPEC.md §3 for the static tasks), in float64 (`service.tasks.sequence` for what is
+(as docs/domain/metrics.md for the static tasks), in float64 (`service.tasks.sequence` for what is
 scored and the thresholds).
 """
 

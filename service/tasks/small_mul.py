@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 
 class SmallMulTask(Task):
-    """``x ∈ R^4``, ``a = x1+x2+x3+x4``, ``b = x1+x2``, ``t = a·b`` (SPEC.md §2)."""
+    """``x ∈ R^4``, ``a = x1+x2+x3+x4``, ``b = x1+x2``, ``t = a·b`` (docs/domain/tasks.md)."""
 
     kind: Literal["small_mul"] = "small_mul"
 

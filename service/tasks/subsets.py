@@ -29,7 +29,7 @@ def _mix64(value: int) -> int:
 
 
 class SubsetTask(Task):
-    """``a = Σ x[A]``, ``b = Σ x[B]`` over two runs of consecutive positions (SPEC.md §2).
+    """``a = Σ x[A]``, ``b = Σ x[B]`` over two runs of consecutive positions (docs/domain/tasks.md).
 
     Each subset has ``floor(subset_ratio · input_size)`` positions; B starts
     ``floor(overlap_ratio · subset_size)`` positions before A ends; the pair sits at an

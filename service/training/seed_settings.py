@@ -63,7 +63,7 @@ class SeedSettings:
 
 
 class SeedSchedule:
-    """λ(t) of SPEC.md §1 per seed ``[S]``, for per-seed ``lambda_max``, ``t_start`` and
+    """λ(t) of docs/domain/units.md per seed ``[S]``, for per-seed ``lambda_max``, ``t_start`` and
     ``t_end`` (the shape, and whether ``oob`` is on, are shared). The same operations as
     `RegularizerSchedule.value` with each scalar as a ``dtype`` row."""
 

@@ -1,4 +1,4 @@
-"""Seed-batched neural arithmetic units, registered under the papers' names (SPEC.md §1).
+"""Seed-batched neural arithmetic units, registered under the papers' names (docs/domain/units.md).
 
 The names, options and initialisations (`options`, `init`) import without torch, so a run
 config can be checked where torch is not loaded; the implementations (`base`, `registry`

@@ -9,7 +9,7 @@ Regulariser (pulls every parameter away from 0 towards saturation, where the wei
 the gate are discrete): ``R = mean_p max(min(−p, p) + t, 0) / t = mean_p relu(t − |p|) / t``
 over all of Ŵ_a, M̂_a, Ŵ_m, M̂_m and G, with t = ``reg_threshold`` (20). R is 1 at p = 0
 and 0 once |p| ≥ t. iNALU switches it on once the loss is small: that is the λ(t) schedule.
-Gradient clipping and reinitialisation on plateaus are trainer options (SPEC.md §4).
+Gradient clipping and reinitialisation on plateaus are trainer options (docs/guide/run.md).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Weight initialisations a search space can name (SPEC.md §1).
+"""Weight initialisations a search space can name (docs/domain/units.md).
 
 ``default`` means the unit's own reference initialisation; the rest are the usual torch
 schemes applied to one seed's ``[out, in]`` slice with that seed's generator.

@@ -1,4 +1,4 @@
-"""Neural Arithmetic Logic Unit (Trask et al., 2018) and the variants of SPEC.md §1.
+"""Neural Arithmetic Logic Unit (Trask et al., 2018) and the variants of docs/domain/units.md.
 
 ``z = g ⊙ a + (1 − g) ⊙ m`` with ``a = W_a x`` the additive path (NAC+, ``W_a = tanh(Ŵ) ⊙
 σ(M̂)``, or NAU, ``W_a`` clamped to [−1, 1]) and ``m`` the multiplicative path: NAC•

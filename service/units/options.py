@@ -39,7 +39,7 @@ class NACMulOptions(UnitOptions):
 
 
 class NALUOptions(UnitOptions):
-    """NALU variants (SPEC.md §1)."""
+    """NALU variants (docs/domain/units.md)."""
 
     PACKABLE: ClassVar[frozenset[str]] = frozenset({
         "tau_start", "tau_end", "tau_t0", "tau_t1", "tau_min", "tau_rate", "gate_bias_init"})

@@ -1,4 +1,4 @@
-"""The regulariser scaling λ(t) of SPEC.md §1.
+"""The regulariser scaling λ(t) of docs/domain/units.md.
 
 Total loss = task_loss + λ(t) · Σ_layers R_layer (+ oob · Σ_layers out-of-bound penalty).
 λ is computed from a step *tensor* so a compiled training step is not re-traced each step.

@@ -2,7 +2,7 @@
 
 For NAC+, NAC•, NALU, NAU and NMU, one seed is trained by the batched `Trainer` and by a
 plain re-expression of the papers' model written here from the published formulas
-(SPEC.md §1): ordinary ``nn.Module`` layers with unbatched weights, ``F.mse_loss``,
+(docs/domain/units.md): ordinary ``nn.Module`` layers with unbatched weights, ``F.mse_loss``,
 ``torch.optim.Adam`` and the papers' update order (optimiser step, then clamp), the loss
 ``mse + λ(t) · Σ_layers R_layer``. Both start from the same initial weights (the trainer's)
 and see the same batches (those the trainer drew), in float64, at lr 1e-2, with the
@@ -150,7 +150,7 @@ def old_form(layer: nn.Module) -> nn.Module:
 
 
 def lam(t: int, lambda_max: float, t_start: int, t_end: int) -> float:
-    """λ(t) = λ_max · clamp((t − t_start) / (t_end − t_start), 0, 1) (SPEC.md §1)."""
+    """λ(t) = λ_max · clamp((t − t_start) / (t_end − t_start), 0, 1) (docs/domain/units.md)."""
     return lambda_max * min(max((t - t_start) / (t_end - t_start), 0.0), 1.0)
 
 

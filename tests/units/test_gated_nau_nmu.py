@@ -1,7 +1,7 @@
 """The gated NAU/NMU of the NAU paper: ``nalu`` with ``add_unit: nau, mul_unit: nmu``.
 
 An NAU add path and an NMU mul path, each with its own weights, both clamped after every
-optimiser step and both regularised, mixed by the NALU gate (SPEC.md §1, "Gated NAU/NMU").
+optimiser step and both regularised, mixed by the NALU gate (docs/domain/units.md, "Gated NAU/NMU").
 """
 
 from __future__ import annotations

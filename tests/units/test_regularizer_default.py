@@ -1,4 +1,4 @@
-"""The default regulariser schedule is the reference's scaled to the run (SPEC.md §1), and
+"""The default regulariser schedule is the reference's scaled to the run (docs/domain/units.md), and
 the schedule a run actually uses is recorded: in `result.json`, the trial's MLflow params,
 and stated explicitly by every shipped search space."""
 
