@@ -125,15 +125,22 @@ def test_a_race_eliminates_a_hopeless_setting_after_its_first_block(ray_address,
 
 
 @pytest.mark.slow
-def test_a_first_block_is_stopped_early_by_steps_with_a_grace_period(ray_address, tmp_path):
-    """``scheduler: {type: race, grace_period: 1000}``: the hopeless setting's first block
-    is stopped at its 1,000-step rung (below the good setting's objective there: the grid
-    sampler proposes the good one first), before
-    any seed finished: its run is pruned after 4 of 8 evaluations, tagged "stopped by
-    steps", its Optuna trial PRUNED; the good setting races on to 16 seeds."""
+def test_a_first_block_is_stopped_early_by_steps_with_a_grace_period_on_two_tasks(ray_address, tmp_path):
+    """``scheduler: {type: race, grace_period: 1000}`` on a space of two tasks: the hopeless
+    setting's first block is stopped at its 1,000-step rung (below the good setting's
+    objective there: the grid sampler proposes the good one first), before any seed
+    finished: its run is pruned after 4 evaluations of its first task, tagged "stopped by
+    steps", its Optuna trial PRUNED. The good setting races on (task, seed) instances: 16
+    seeds on each task, both tasks' outcomes in the race."""
+    import json
+
     import optuna
 
     space = _race_space(tmp_path, lrs=(NEVER, 0.15), first_block=8, growth=2, max_seeds=16, grace_period=1000)
+    data = yaml.safe_load(space.read_text())
+    task = data.pop("task")
+    data["tasks"] = {"near": task, "far": {**task, "extrapolation": {"far": "U[2,10]"}}}
+    space.write_text(yaml.safe_dump(data))
     optuna_db = f"sqlite:///{tmp_path / 'optuna.db'}"
     result = runner.invoke(app, ["sweep", str(space), "--optuna-storage", optuna_db,
                                  "--storage-path", str(tmp_path / "runs")])
@@ -150,9 +157,15 @@ def test_a_first_block_is_stopped_early_by_steps_with_a_grace_period(ray_address
     assert hopeless.data.tags[store.TAG_RACE_EXIT_BLOCK] == "0"
     evaluations = client.get_metric_history(hopeless.info.run_id, "objective")
     assert sorted(m.step for m in evaluations) == [0, 0, 0, 0]  # 250 … 1,000 steps of its first block, then stopped
-    assert good.data.tags[store.TAG_RACE_EXIT] == "incumbent" and good.data.metrics["n_seeds"] == 16
-    # its first block's 7 evaluations before its end at step 0, then one point per block
-    assert sorted(m.step for m in client.get_metric_history(good.info.run_id, "n_seeds")) == [0] * 7 + [1, 2]
+    assert good.data.tags[store.TAG_RACE_EXIT] == "incumbent"
+    # its first block's 2 × 7 evaluations before its end, at step 0, then one point per block
+    assert sorted(m.step for m in client.get_metric_history(good.info.run_id, "n_seeds")) == [0] * 14 + [1, 2]
+
+    race = json.loads((tmp_path / "runs" / "race-e2e" / "race_state.json").read_text())
+    key = good.data.tags[store.TAG_TRIAL_KEY]
+    outcomes = json.loads(race["trials"][key]["outcomes"])
+    assert {t: len(rows) for t, rows in outcomes.items()} == {"near": 16, "far": 16}  # (task, seed) instances
+    assert list(race["trials"]) == [key]  # the stopped setting has no outcome in the race
 
     study = {t.params["lr"]: t for t in optuna.load_study(study_name="race-e2e", storage=optuna_db).get_trials()}
     assert study[NEVER].state == optuna.trial.TrialState.PRUNED and list(study[NEVER].intermediate_values) == [0]
