@@ -1,5 +1,5 @@
 """A real `mlflow server` (PostgreSQL-backed, basic auth, proxied artifacts) stopped for
-~30 s in the middle of a real sweep and started again: the sweep completes, no trial fails
+~20 s in the middle of a real sweep and started again: the sweep completes, no trial fails
 for it, and every metric point and artifact the trials logged is stored, once."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 SWEEP = "outage"
 TRIALS = 3
-OUTAGE_S = 30
+OUTAGE_S = 20
 SPACE = loopback_stack.small_mul_space(SWEEP, seeds=4, steps=4000, eval_every=100, trials=TRIALS)
 ARTIFACTS = {"seeds.csv", "weights/best_seed.json", "plots/curves.png"}
 
