@@ -1,0 +1,147 @@
+"""Where a CPU training step's time goes, on ONE thread, at the papers' protocol (NAU → NMU,
+100-input mul task, S seeds, batch 128, evaluation every 1,000 steps), and what that leaves
+for a faster step: the data draw is a floor no step can go below.
+
+    python benchmarks/cpu_step_breakdown.py [--seeds 100] [--steps 400] [--json PATH]
+
+Pin it to one CPU for steadier figures (``taskset -c 1 python ...``). It prints and writes
+(default ``benchmarks/results/cpu_step_breakdown.json``, shown on the docs' Measured figures
+page):
+
+* ``draw_ms``: one step's data alone, as the trainer draws it (`rng.sample`: S × 128 × 100
+  Philox4x32-10 uniforms on the interpolation range and the operands' row sums, into the
+  trainer's buffers), the minimum over many repetitions;
+* ``step_ms``: the whole training step (``Trainer.train_step``, as ``compile: auto`` trains a
+  30,000-step run: compiled), the fastest block of 50 of ``--steps`` steps (``step_ms_median``:
+  the median block, what a shared machine gave);
+* ``eval_ms_per_step``: one evaluation (both 10,000-sample sets) divided by 1,000 steps;
+* ``ops``: the step's self time per operation from torch's profiler (the native kernels are
+  ``nalu_sweep::*``; the rest is the compiled graph's own code and its dispatch);
+* ``seed_steps_per_s`` now, and ``ceiling_seed_steps_per_s``: S / (draw + evaluation), what
+  the step would reach if everything but the draw and the evaluation cost nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from service.config import RunConfig  # noqa: E402
+from service.seeding import generator as rng  # noqa: E402
+from service.training import Trainer  # noqa: E402
+
+EVAL_EVERY = 1000
+BLOCK = 50  # steps timed together
+DEFAULT_JSON = ROOT / "benchmarks" / "results" / "cpu_step_breakdown.json"
+
+
+def config(seeds: int, compile: str = "auto") -> RunConfig:
+    return RunConfig.model_validate({
+        "task": {"kind": "arithmetic", "operation": "mul"}, "seeds": seeds, "device": "cpu", "compile": compile,
+        "model": {"layers": [{"unit": "nau"}, {"unit": "nmu"}]},
+        "train": {"steps": 30_000, "batch_size": 128, "eval_every": EVAL_EVERY},
+    })
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def min_ms(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times) * 1e3
+
+
+def _readable(op: str) -> str:
+    """The profiler's name of an operation, without the compiled graph's hash."""
+    return "compiled graph (its own code)" if op.startswith("## Call CompiledFxGraph") else op
+
+
+def measure(seeds: int, steps: int, compile: str = "auto") -> dict:
+    torch.set_num_threads(1)
+    trainer = Trainer(config(seeds, compile))
+    for _ in range(20):  # the first compiles
+        trainer.train_step()
+    keys, shape = trainer.data_keys, (128, trainer.task.input_size)
+    runs = trainer.task.operand_runs() or ()
+    buffers = trainer._batch_buffers(keys.shape[0], shape, len(runs))
+    step = torch.tensor(7)
+    draw = min_ms(lambda: rng.sample(keys, step, shape, trainer.task.interpolation.intervals, runs, out=buffers),
+                  max(50, steps))
+    blocks = []  # mean step time of blocks of BLOCK steps: the fastest block is the code's cost,
+    for _ in range(max(1, steps // BLOCK)):  # the median what a shared machine gave
+        t = time.perf_counter()
+        for _ in range(BLOCK):
+            trainer.train_step()
+        blocks.append((time.perf_counter() - t) / BLOCK)
+    step_ms, median_ms = min(blocks) * 1e3, statistics.median(blocks) * 1e3
+    evaluation = min_ms(trainer.evaluate, 3) / EVAL_EVERY
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(min(steps, 200)):
+            trainer.train_step()
+    total = sum(e.self_cpu_time_total for e in prof.key_averages())
+    ops = sorted(((e.key, e.self_cpu_time_total) for e in prof.key_averages()), key=lambda kv: -kv[1])
+    shares = {_readable(name): round(us / total, 3) for name, us in ops[:8] if total}
+    return {
+        "command": f"taskset -c 1 python benchmarks/cpu_step_breakdown.py --seeds {seeds}"
+                   + (f" --compile {compile}" if compile != "auto" else ""),
+        "machine": f"{platform.machine()}, {cpu_model()}, torch {torch.__version__}, 1 thread",
+        "seeds": seeds, "compiled": trainer.compiled,
+        "draw_ms": round(draw, 3), "step_ms": round(step_ms, 3), "step_ms_median": round(median_ms, 3),
+        "eval_ms_per_step": round(evaluation, 3),
+        "draw_share_of_step": round(draw / step_ms, 2),
+        "seed_steps_per_s": round(seeds / ((step_ms + evaluation) / 1e3)),
+        "ceiling_seed_steps_per_s": round(seeds / ((draw + evaluation) / 1e3)),
+        "ops": shares,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=400, help="training steps timed (after 20 warm-up steps)")
+    parser.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
+                        help="the run's compile setting (auto: compiled, as a 30,000-step run trains)")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the figures")
+    args = parser.parse_args(argv)
+    if args.seeds < 1 or args.steps < 1:
+        parser.error("--seeds and --steps must be at least 1")
+    figures = measure(args.seeds, args.steps, args.compile)
+    print(f"S = {figures['seeds']}, one thread ({figures['machine']}), compiled: {figures['compiled']}")
+    print(f"  data draw alone      {figures['draw_ms']:8.3f} ms  ({figures['draw_share_of_step']:.0%} of the step)")
+    print(f"  whole training step  {figures['step_ms']:8.3f} ms  (median block {figures['step_ms_median']:.3f} ms)")
+    print(f"  evaluation, per step {figures['eval_ms_per_step']:8.3f} ms")
+    print(f"  seed·steps/s now {figures['seed_steps_per_s']:,}; with everything but the draw and the "
+          f"evaluation free: {figures['ceiling_seed_steps_per_s']:,}")
+    for name, share in figures["ops"].items():
+        print(f"    {share:6.1%}  {name[:70]}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(figures, indent=1) + "\n")
+    return figures
+
+
+if __name__ == "__main__":
+    main()
