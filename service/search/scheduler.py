@@ -58,8 +58,9 @@ class SchedulerSpec(Frozen):
         if self.type != "race":
             return [(f"scheduler.{k}", f"only for 'type: race' (this scheduler is {self.type!r})")
                     for k in RACE_KEYS if getattr(self, k) is not None]
-        out = [(f"scheduler.{k}", "ASHA's setting; 'type: race' replaces ASHA (remove it)")
-               for k, default in _ASHA_DEFAULTS.items() if getattr(self, k) != default and k == "brackets"]
+        out = []
+        if self.brackets != _ASHA_DEFAULTS["brackets"]:
+            out.append(("scheduler.brackets", "ASHA's setting; 'type: race' replaces ASHA (remove it)"))
         if self.reduction_factor != _ASHA_DEFAULTS["reduction_factor"] and self.grace_period is None:
             out.append(("scheduler.reduction_factor", "with 'type: race' only for stopping first blocks by steps: "
                         "give grace_period too, or remove it"))

@@ -183,7 +183,7 @@ class RaceScheduler(FIFOScheduler):
                  rungs: RungSpec | None = None) -> None:
         super().__init__()
         self.spec = spec
-        self.rung_spec = rungs  # None: first blocks train all their steps
+        # None: first blocks train all their steps
         self.rungs = Rungs(rungs.grace, rungs.max_t, rungs.reduction_factor) if rungs is not None else None
         self.rung_records: list[tuple[str, int, float, bool]] = []  # (trial key, report, objective, kept)
         self.tags = ExitTags(records)
@@ -196,7 +196,6 @@ class RaceScheduler(FIFOScheduler):
         self.waiting: list[str] = []  # at the maximum, undecided: the incumbent has fewer seeds
 
     def __setstate__(self, state: dict[str, Any]) -> None:  # a scheduler pickled before rungs existed
-        state.setdefault("rung_spec", None)
         state.setdefault("rungs", None)
         state.setdefault("rung_records", [])
         self.__dict__.update(state)

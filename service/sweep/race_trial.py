@@ -14,9 +14,9 @@ reports once to Tune: the metrics, and the per-seed outcomes of all its seeds
 With ``scheduler.grace_period`` the first block also reports after each evaluation (no
 outcomes, ``RACE_BLOCK`` 0, logged to the run at step 0), so the scheduler can stop it
 early by steps, as ASHA would. Every block's report may be the last (the scheduler stops
-the trial inside it), so everything is logged before it, and each report carries a checkpoint (`RaceState`): a
-retried or resumed trial continues at the next block; a block interrupted half way is
-trained again from its start.
+the trial inside it), so everything is logged before it, and each report carries a
+checkpoint (`RaceState`): a retried or resumed trial continues at the next block; a block
+interrupted half way is trained again from its start.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ RACE_BLOCK = "race/block"
 inside its first block)."""
 RACE_REPORT = "race/report"
 """Result key of a report from inside a first block (a race that stops first blocks by
-steps: ``scheduler.grace_period``): the block's evaluations so far, over its tasks, which
-ASHA's rungs count (`SearchSpace.grace_reports`)."""
+steps: ``scheduler.grace_period``): its number as a lone trial's report would have it
+(`service.sweep.pack.report_index`), which ASHA's rungs count (`SearchSpace.grace_reports`)."""
 STATE_FILE = "race_state.json"
 
 
@@ -188,9 +188,8 @@ class _RungReports:
         self.scores = TaskScores(space, TrialProgress())
 
     def on_eval(self, trainer: Any, task: str, index: int) -> Callable[[Any], None]:
+        from service.sweep.pack import report_index
         from service.sweep.trial import partial_aggregate
-
-        offset = index * self.space.steps
 
         def on_eval(rep: Any) -> None:
             if rep.step <= 0 or rep.step >= rep.total_steps:
@@ -198,9 +197,8 @@ class _RungReports:
             metrics = self.scores.partial(task, partial_aggregate(trainer, rep), trainer.thresholds)
             if self.tracker is not None:
                 self.tracker.log_metrics(metrics, 0)
-            step = offset + rep.step
-            self.report({**metrics, STEP: float(step), RACE_BLOCK: 0.0,
-                         RACE_REPORT: float(step // self.space.eval_every)})
+            self.report({**metrics, STEP: float(index * self.space.steps + rep.step), RACE_BLOCK: 0.0,
+                         RACE_REPORT: float(report_index(self.space, index, rep.step))})
 
         return on_eval
 

@@ -66,8 +66,9 @@ class Rungs:
         return random.Random(member).choices(range(len(sizes)), weights=weights)[0]
 
     def judge(self, member: int | str, iteration: int, value: float, kept: bool | None = None) -> bool:
-        """Whether ``member`` (an Optuna trial number; a race's trial key) goes on after its report number ``iteration`` with objective
-        ``value``; ``kept`` given: record that decision instead (a replay)."""
+        """Whether ``member`` (an Optuna trial number; a race's trial key) goes on after
+        its report number ``iteration`` with objective ``value``; ``kept`` given: record
+        that decision instead (a replay)."""
         bracket = self.bracket_of(member)
         for rung, milestone in enumerate(self.milestones[bracket]):
             if iteration < milestone:
