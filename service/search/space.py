@@ -282,8 +282,9 @@ class SearchSpace(Frozen):
         out.extend(self.scheduler.problems())
         if self.scheduler.type == "race":
             out.extend(self._race_problems())
-        if self.pack > 1 and self.pack * self.seeds > limits.MAX_SEEDS:
-            out.append(("pack", (f"pack × seeds ({self.pack} × {self.seeds}) must be ≤ {limits.MAX_SEEDS}, "
+        seeds = self.seeds if self.scheduler.type != "race" or out else self.trial_seeds()  # a race's: at most
+        if self.pack > 1 and self.pack * seeds > limits.MAX_SEEDS:  # max_seeds in a block (its first, at growth 1)
+            out.append(("pack", (f"pack × seeds ({self.pack} × {seeds}) must be ≤ {limits.MAX_SEEDS}, "
                                  "the seeds one computation may train")))
         if not out:
             out.extend(self._cycle_problems())
@@ -292,9 +293,6 @@ class SearchSpace(Frozen):
     def _race_problems(self) -> list[tuple[str, str]]:
         """A race pairs settings seed by seed: every setting trains the same seed ids."""
         out = []
-        if self.pack > 1:
-            out.append(("pack", "racing ('scheduler: race') trains one setting per trial; "
-                                "pack > 1 is not supported with it yet (use pack: 1)"))
         for name, p in self.params.items():
             paired = sorted({t.split(".")[0] for t in p.targets(name)} & {"seeds", "seed_offset", "master_seed"})
             if paired:

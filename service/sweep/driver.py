@@ -43,7 +43,8 @@ from service.sweep.cluster import (
 from service.sweep.logged_params import task_params
 from service.sweep.options import SweepOptions  # the CLI's flags, resolved (named here too)
 from service.sweep.outcome import finished_reports, record_end, tune_trials
-from service.sweep.rungs import RungSpec, release_board
+from service.sweep.race_board import release_race_board
+from service.sweep.rungs import release_board
 from service.sweep.study_sync import TrialRecords, settle_stored_study
 from service.sweep.trainable import TrialSettings, make_trainable
 from service.tracking import driver_tracking, helper, runs, store
@@ -103,7 +104,7 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
 
     from service.sweep.display import LiveProgress
     from service.sweep.metrics import SweepMetrics
-    from service.sweep.pack_search import PackedOptunaSearch, rung_spec
+    from service.sweep.pack_search import PackedOptunaSearch, race_spec, rung_spec
     from service.sweep.result_log import result_logger
     from service.sweep.searcher import (
         ResumableOptunaSearch,
@@ -116,8 +117,10 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
         study = {"storage": optuna_storage(options.optuna_storage), "study_name": options.name}
     args = dict(space=DefineByRun(space), metric=OBJECTIVE, mode="max", sampler=make_sampler(space),
                 records=records, **study)
-    if space.pack > 1:  # packs of trials; ASHA judges each member itself (service.sweep.rungs)
+    if space.pack > 1:  # packs of trials; ASHA judges each member itself (service.sweep.rungs), a race
+        # races them on the sweep's race board (service.sweep.race_board)
         searcher = PackedOptunaSearch(pack=space.pack, planned=space.trials, rungs=rung_spec(space, options.name),
+                                      race=race_spec(space, options.name, options.storage_path),
                                       **args)
         scheduler = FIFOScheduler()
     elif space.scheduler.type == "asha":
@@ -128,15 +131,11 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
             reduction_factor=space.scheduler.reduction_factor, brackets=space.scheduler.brackets,
         )
     elif space.scheduler.type == "race":  # seed blocks, decided against the incumbent
-        from service.sweep.race_scheduler import RACE_FILE, RaceScheduler
+        from service.sweep.race_scheduler import RaceScheduler
 
         searcher = ResumableOptunaSearch(**args)
-        rungs = None  # with grace_period, first blocks are stopped by steps as ASHA would
-        if space.scheduler.first_block_rungs:
-            rungs = RungSpec(name=options.name, grace=space.grace_reports(), max_t=space.total_reports(),
-                             reduction_factor=space.scheduler.reduction_factor)
-        scheduler = RaceScheduler(space.scheduler.race(), records,
-                                  f"{experiment_path(options.storage_path, options.name)}/{RACE_FILE}", rungs=rungs)
+        race = race_spec(space, options.name, options.storage_path)
+        scheduler = RaceScheduler(race.race, records, race.state_path, rungs=race.rungs)
     else:
         searcher = ResumableOptunaSearch(**args)
         scheduler = FIFOScheduler()
@@ -353,6 +352,7 @@ def _run(space: SearchSpace, options: SweepOptions, console: Console, client: An
         board.stop()
         unregister_board(board)
         release_board(options.name)
+        release_race_board(options.name)
         trials = tune_trials(grid, board, space.steps * len(space.task_configs()))
         counts, best, outcome = record_end(client, options, experiment_id, parent_run_id, trials, outcome,
                                             space.trials)

@@ -22,6 +22,7 @@ FAIL: they are packed again (`resume_study`), so a resumed sweep trains exactly 
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -30,6 +31,8 @@ from service.search.assign import active_params, run_configs
 from service.search.packing import packable_params
 from service.search.space import SearchSpace
 from service.sweep import kill_points
+from service.sweep.race_board import RACE_TAGS, RaceBoardSpec, race_board
+from service.sweep.race_trial import RACE_BLOCK
 from service.sweep.results import (
     DONE,
     PACK_MEMBERS,
@@ -52,12 +55,27 @@ def rung_spec(space: SearchSpace, sweep: str) -> RungSpec | None:
                     reduction_factor=space.scheduler.reduction_factor, brackets=space.scheduler.brackets)
 
 
+def race_spec(space: SearchSpace, sweep: str, storage_path: str) -> RaceBoardSpec | None:
+    """A race's settings (the race, its file in the sweep's storage path: `race_file`, and
+    with ``grace_period`` its first-block rungs), or None without a race."""
+    if space.scheduler.type != "race":
+        return None
+    from service.sweep.race_scheduler import race_file
+
+    rungs = None  # with grace_period, first blocks are stopped by steps as ASHA would
+    if space.scheduler.first_block_rungs:
+        rungs = RungSpec(name=sweep, grace=space.grace_reports(), max_t=space.total_reports(),
+                         reduction_factor=space.scheduler.reduction_factor)
+    return RaceBoardSpec(sweep, space.scheduler.race(), race_file(storage_path, sweep), rungs)
+
+
 class PackedOptunaSearch(ResumableOptunaSearch):
     """`ResumableOptunaSearch` whose Tune trials are packs of Optuna trials (see the module)."""
 
-    def __init__(self, *, pack: int, planned: int, rungs: RungSpec | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, pack: int, planned: int, rungs: RungSpec | None = None,
+                 race: RaceBoardSpec | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._pack, self._planned, self._rungs = pack, planned, rungs
+        self._pack, self._planned, self._rungs, self._race = pack, planned, rungs, race
         self._groups: dict[str, list[Any]] = {}  # Tune trial id -> its members' Optuna trials
         self._params: dict[int, dict[str, Any]] = {}  # Optuna trial number -> searched values
         self._keys: dict[int, list[str] | None] = {}  # -> structure keys of its run configs
@@ -105,6 +123,8 @@ class PackedOptunaSearch(ResumableOptunaSearch):
             return self.FINISHED
         if self._rungs is not None and not self._groups:
             board(self._rungs)  # before the first pack reports
+        if getattr(self, "_race", None) is not None and not self._groups:
+            race_board(self._race)  # the same board after a restore: it reads the race file back
         leader = self._spare.pop(0) if self._spare else self._ask()
         members = [leader]
         if self._keys[leader.number] is not None:
@@ -150,6 +170,10 @@ class PackedOptunaSearch(ResumableOptunaSearch):
             if not shown or frozen.state.is_finished():
                 continue
             step = int(result["training_iteration"])
+            if RACE_BLOCK in shown:  # a race: an intermediate value per block, at the block's number; inside a
+                step = int(shown[RACE_BLOCK])  # first block none, but a member stopped there gets its value at 0
+                if step == 0 and shown.get(STATE) != PRUNED:
+                    continue
             try:
                 if step not in frozen.intermediate_values:  # else reported by a killed driver's attempt
                     trial.report(float(shown[self.metric]), step)
@@ -157,7 +181,22 @@ class PackedOptunaSearch(ResumableOptunaSearch):
                 continue
             if shown.get(STATE) == PRUNED:
                 self._tell(trial, None, TrialState.PRUNED)
+            elif shown.get(STATE) == DONE and RACE_BLOCK in shown:  # it left the race: its value on all its seeds
+                self._tell(trial, float(shown[self.metric]), TrialState.COMPLETE)
+        self._tag_standings(result)
         return None
+
+    def _tag_standings(self, result: dict) -> None:
+        """Tag the racing members' runs with the standings the race board set (`RACE_TAGS`)."""
+        if RACE_TAGS not in result:
+            return
+        from service.sweep.race_scheduler import ExitTags
+
+        if getattr(self, "_exit_tags", None) is None:
+            self._exit_tags = ExitTags(getattr(self, "_records", None))
+        for key, standing, blocks in json.loads(str(result[RACE_TAGS])):
+            self._exit_tags.write(str(key), str(standing), int(blocks))
+        kill_points.reached("race_told")
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         group = self._groups.get(trial_id)
@@ -166,6 +205,8 @@ class PackedOptunaSearch(ResumableOptunaSearch):
         from optuna.trial import TrialState
 
         members = member_results(result or {})
+        if result:
+            self._tag_standings(result)
         for index, trial in enumerate(group):
             if self._is_finished(trial):
                 continue
@@ -211,6 +252,8 @@ class PackedOptunaSearch(ResumableOptunaSearch):
 
     def restore(self, checkpoint_path: str) -> None:
         super().restore(checkpoint_path)
+        if getattr(self, "_race", None) is not None:
+            race_board(self._race)  # the restored packs' board: it reads the race file back
         if self._rungs is None:
             return
         import ray

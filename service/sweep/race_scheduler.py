@@ -24,8 +24,9 @@ worst task) stays the incumbent, the incumbent on a tie.
 
 **Resume.** Tune does not save a scheduler's state with its snapshots (a restored sweep
 gets the scheduler as pickled when the sweep began), so the race writes itself through to
-``race_state.json`` in the experiment directory after every decision (`RaceFile`), by
-trial key, and a resumed sweep reads it before its first decision: the incumbent and the
+``NAME.race_state.json`` beside the Tune experiment directory after every decision
+(`RaceFile`, `race_file`), by trial key, and a resumed sweep reads it before its first
+decision: the incumbent and the
 trials that left stay so, including trials Tune's last snapshot did not hold or that do
 not run again. A trial's block whose report the kill cut off is trained again from the
 trial's last checkpoint (its records are not doubled: a run skips steps logged already).
@@ -69,7 +70,15 @@ from service.sweep.study_sync import TrialRecords
 logger = logging.getLogger(__name__)
 INCUMBENT, ELIMINATED, REPLACED, LOST_AT_MAX = "incumbent", "eliminated", "replaced", "lost at max"
 STOPPED_BY_STEPS = "stopped by steps"  # a first block ASHA's rule stopped (``scheduler.grace_period``)
-RACE_FILE = "race_state.json"  # in the sweep's Tune experiment directory (`RaceFile`)
+
+
+def race_file(storage_path: str, name: str) -> str:
+    """Where sweep ``name`` keeps its race (`RaceFile`): ``NAME.race_state.json`` in the
+    storage path, beside its Tune experiment directory, not inside it. Tune stages that
+    directory on the driver, restores it there on a resume, and uploads it whole at each
+    snapshot, so a file written into it between snapshots is overwritten by the copy a
+    resumed driver restored."""
+    return f"{storage_path.rstrip('/')}/{name}.race_state.json"
 
 
 class ExitTags:
@@ -129,7 +138,7 @@ class RaceFile:
 
         return fs.FileSystem.from_uri(self.path if "://" in self.path else str(Path(self.path).resolve()))
 
-    def load_into(self, race: RaceScheduler) -> None:
+    def load_into(self, race: Race) -> None:
         """Read the file into ``race`` (once; nothing when there is no file yet)."""
         if self._loaded or self.path is None:
             return
@@ -153,7 +162,7 @@ class RaceFile:
         for key, iteration, value, kept in data.get("rungs", []) if race.rungs is not None else []:
             race.record_rung(key, int(iteration), float(value), bool(kept))
 
-    def save(self, race: RaceScheduler) -> None:
+    def save(self, race: Race) -> None:
         if self.path is None:
             return
         data = {"trials": {k: {"outcomes": self.encoded[k], "seeds": race.seeds[k], "blocks": race.blocks[k]}
@@ -171,17 +180,18 @@ class RaceFile:
                            self.path, e)
 
 
-class RaceScheduler(FIFOScheduler):
-    """Tune's FIFO scheduler that races the trials by seed blocks (module docstring).
+class Race:
+    """The race itself, by trial key (module docstring): the outcomes, seeds and blocks each
+    trial reported, the incumbent, who left and who waits, and the first blocks' rungs;
+    written through to ``state_path`` after every decision (`RaceFile`) and read back from it
+    before the first. `RaceScheduler` runs it as Tune's scheduler (one setting per Tune
+    trial); `service.sweep.race_board` runs it in an actor for the members of packs.
 
-    The race is kept by trial key (a trial's MLflow run's ``nalu_sweep.trial_key``, which a
-    trial run again after a resume keeps) and written through to ``state_path`` after every
-    decision (`RaceFile`): a resumed sweep's scheduler, unpickled by Tune as it was when the
-    sweep began, reads it back before its first decision."""
+    Exit tags go to the trials' MLflow runs as they are decided: written by ``records``'s
+    client, or (no records) kept in ``tag_events`` for the caller to write."""
 
     def __init__(self, spec: RaceSpec, records: TrialRecords | None = None, state_path: str | None = None,
                  rungs: RungSpec | None = None) -> None:
-        super().__init__()
         self.spec = spec
         # None: first blocks train all their steps
         self.rungs = Rungs(rungs.grace, rungs.max_t, rungs.reduction_factor) if rungs is not None else None
@@ -194,42 +204,41 @@ class RaceScheduler(FIFOScheduler):
         self.incumbent: str | None = None
         self.exits: dict[str, tuple[str, int]] = {}  # trial key -> (reason, seeds when it left)
         self.waiting: list[str] = []  # at the maximum, undecided: the incumbent has fewer seeds
+        self.tag_events: list[tuple[str, str, int]] = []  # (trial key, standing, blocks): no records
 
-    def __setstate__(self, state: dict[str, Any]) -> None:  # a scheduler pickled before rungs existed
-        state.setdefault("rungs", None)
-        state.setdefault("rung_records", [])
-        self.__dict__.update(state)
-
-    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
-        if RACE_OUTCOMES not in result:
-            if RACE_REPORT in result and self.rungs is not None:
-                return self._first_block_report(trial_key(trial.trial_id, trial.config), result)
-            return TrialScheduler.CONTINUE
+    def block_report(self, t: str, encoded: str, seeds: int, blocks: int) -> bool:
+        """Trial ``t`` trained ``blocks`` blocks, ``seeds`` seeds, with outcomes ``encoded``
+        (`race_trial.RACE_OUTCOMES`): decide, write the race through; True when it stops."""
         self.state.load_into(self)
-        t = trial_key(trial.trial_id, trial.config)
-        self.outcomes[t] = decode_outcomes(str(result[RACE_OUTCOMES]))
-        self.seeds[t] = int(result[RACE_SEEDS])
-        self.blocks[t] = int(result[RACE_BLOCK])
-        self.state.encoded[t] = str(result[RACE_OUTCOMES])
+        self.outcomes[t] = decode_outcomes(encoded)
+        self.seeds[t], self.blocks[t] = seeds, blocks
+        self.state.encoded[t] = encoded
         stop = self._decide(t)
         self.state.save(self)
         kill_points.reached("race_decided")
-        return TrialScheduler.STOP if stop else TrialScheduler.CONTINUE
+        return stop
 
-    def _first_block_report(self, t: str, result: dict) -> str:
-        """ASHA's rule at a first block's evaluation: STOP when its objective is below the
-        top 1/``reduction_factor`` of the first blocks recorded at the rung it reached."""
+    def first_block_report(self, t: str, iteration: int, value: float) -> bool:
+        """ASHA's rule at a first block's evaluation (report number ``iteration``, objective
+        ``value``): True (stop) when it is below the top 1/``reduction_factor`` of the first
+        blocks recorded at the rung it reached."""
         self.state.load_into(self)
         if t in self.exits:
-            return TrialScheduler.STOP
-        value = result.get(OBJECTIVE)
-        kept = self.record_rung(t, int(result[RACE_REPORT]), float(value if value is not None else math.nan))
+            return True
+        kept = self.record_rung(t, iteration, value)
         if not kept:
             self.exits[t] = (STOPPED_BY_STEPS, 0)
-            self.tags.write(t, STOPPED_BY_STEPS, 0)
+            self._tag(t, STOPPED_BY_STEPS, 0)
         self.state.save(self)
         kill_points.reached("race_decided")
-        return TrialScheduler.CONTINUE if kept else TrialScheduler.STOP
+        return not kept
+
+    def standing(self, t: str) -> tuple[str, int] | None:
+        """``t``'s standing as its run's exit tags have it: (reason, blocks), or None while
+        it races as a challenger."""
+        if t in self.exits:
+            return self.exits[t][0], self.blocks.get(t, 0)
+        return (INCUMBENT, self.blocks[t]) if t == self.incumbent else None
 
     def record_rung(self, t: str, iteration: int, value: float, kept: bool | None = None) -> bool:
         """`Rungs.judge` for trial ``t`` (``kept`` given: replay that decision), keeping each
@@ -240,6 +249,12 @@ class RaceScheduler(FIFOScheduler):
         if sum(len(r) for r in self.rungs.records.values()) > before:
             self.rung_records.append((t, iteration, value, decision))
         return decision
+
+    def _tag(self, t: str, reason: str, blocks: int) -> None:
+        if self.tags.records is None:
+            self.tag_events.append((t, reason, blocks))
+        else:
+            self.tags.write(t, reason, blocks)
 
     # -- the rule ---------------------------------------------------------------------------
     def _decide(self, t: str) -> bool:
@@ -286,14 +301,47 @@ class RaceScheduler(FIFOScheduler):
         self.incumbent = t
         if t in self.waiting:
             self.waiting.remove(t)
-        self.tags.write(t, INCUMBENT, self.blocks[t])
+        self._tag(t, INCUMBENT, self.blocks[t])
 
     def _leave(self, t: str, reason: str) -> bool:
         self.exits[t] = (reason, self.seeds[t])
         if t in self.waiting:
             self.waiting.remove(t)
-        self.tags.write(t, reason, self.blocks[t])
+        self._tag(t, reason, self.blocks[t])
         return True
+
+
+
+class RaceScheduler(FIFOScheduler, Race):
+    """Tune's FIFO scheduler that races its trials by seed blocks (module docstring): after
+    a block a trial goes on or stops as `Race` decides.
+
+    The race is kept by trial key (a trial's MLflow run's ``nalu_sweep.trial_key``, which a
+    trial run again after a resume keeps) and written through to ``state_path`` after every
+    decision (`RaceFile`): a resumed sweep's scheduler, unpickled by Tune as it was when the
+    sweep began, reads it back before its first decision."""
+
+    def __init__(self, spec: RaceSpec, records: TrialRecords | None = None, state_path: str | None = None,
+                 rungs: RungSpec | None = None) -> None:
+        FIFOScheduler.__init__(self)
+        Race.__init__(self, spec, records, state_path, rungs)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:  # a scheduler pickled before rungs existed
+        state.setdefault("rungs", None)
+        state.setdefault("rung_records", [])
+        state.setdefault("tag_events", [])
+        self.__dict__.update(state)
+
+    def on_trial_result(self, tune_controller: Any, trial: Any, result: dict) -> str:
+        t = trial_key(trial.trial_id, trial.config)
+        if RACE_OUTCOMES in result:
+            stop = self.block_report(t, str(result[RACE_OUTCOMES]), int(result[RACE_SEEDS]), int(result[RACE_BLOCK]))
+        elif RACE_REPORT in result and self.rungs is not None:
+            value = result.get(OBJECTIVE)
+            stop = self.first_block_report(t, int(result[RACE_REPORT]), float(value if value is not None else math.nan))
+        else:
+            return TrialScheduler.CONTINUE
+        return TrialScheduler.STOP if stop else TrialScheduler.CONTINUE
 
     def debug_string(self) -> str:
         return f"RaceScheduler: incumbent {self.incumbent}, {len(self.exits)} out, {len(self.waiting)} waiting"

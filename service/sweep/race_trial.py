@@ -152,19 +152,10 @@ def run_race_trial(
             result = trainer.run(rungs.on_eval(trainer, task, index) if rungs is not None else None)
             if rungs is not None:
                 rungs.finished(task, result)
-            state.seeds[task].extend(result.seeds)
-            state.reinitialisations[task].extend(list(result.reinitialisations) or [0] * len(result.seeds))
-            state.thresholds[task] = dict(result.thresholds)
+            add_block(state, task, result)
             latest[task] = result
         state.blocks = block + 1
-        per_task = {t: (objective_value(agg := aggregate(ss), space.steps, state.thresholds[t]), agg)
-                    for t, ss in state.seeds.items()}
-        metrics: dict[str, Any] = combine_tasks(per_task)
-        metrics.update(sequence_metrics({t: (configs[t].task, ss) for t, ss in state.seeds.items()}))
-        if tracker is not None:
-            tracker.log_metrics(metrics, state.blocks)
-            tracker.set_tags({TAG_RACE_SEEDS: str(budgets[block])})
-            _log_block(tracker, latest, state, params)
+        metrics = record_block(state, space, configs, tracker, latest, params)
         if progress is not None:  # a setting's result is complete at every block's end
             progress.final_metrics, progress.completed = dict(metrics), True
         out = {**metrics, STEP: float(total_steps), RACE_SEEDS: float(budgets[block]), RACE_BLOCK: float(state.blocks),
@@ -173,6 +164,29 @@ def run_race_trial(
             report_checkpoint(out, state)
         else:
             report(out)
+
+
+def record_block(state: RaceState, space: SearchSpace, configs: dict[str, RunConfig], tracker: Any,
+                 latest: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
+    """A setting's metrics on all its seeds after block ``state.blocks`` (``latest``: that
+    block's results per task), logged to its run (``tracker``, if any) at step = the block's
+    number, with its seeds tagged and the block's artifacts; returns the metrics."""
+    per_task = {t: (objective_value(agg := aggregate(ss), space.steps, state.thresholds[t]), agg)
+                for t, ss in state.seeds.items()}
+    metrics: dict[str, Any] = combine_tasks(per_task)
+    metrics.update(sequence_metrics({t: (configs[t].task, ss) for t, ss in state.seeds.items()}))
+    if tracker is not None:
+        tracker.log_metrics(metrics, state.blocks)
+        tracker.set_tags({TAG_RACE_SEEDS: str(space.scheduler.race().budgets()[state.blocks - 1])})
+        _log_block(tracker, latest, state, params)
+    return metrics
+
+
+def add_block(state: RaceState, task: str, result: Any) -> None:
+    """Append a block's result on ``task`` to the setting's seeds so far."""
+    state.seeds[task].extend(result.seeds)
+    state.reinitialisations[task].extend(list(result.reinitialisations) or [0] * len(result.seeds))
+    state.thresholds[task] = dict(result.thresholds)
 
 
 class _RungReports:

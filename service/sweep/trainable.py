@@ -225,6 +225,8 @@ def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
     from ray import tune
 
     from service.sweep.pack import Member, PackState, run_pack
+    from service.sweep.pack_race import PackRaceState, run_pack_race
+    from service.sweep.race_board import BoardRace
 
     startup.loaded()
 
@@ -238,12 +240,13 @@ def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
         members.append(Member(index, int(m["number"]), params,
                               m.get(RUN_CONFIGS) or _buildable_configs(space, params)))
         _replay(members[-1], settings, space)
+    racing = space.scheduler.type == "race"  # seed block after seed block (service.sweep.pack_race)
     resume, problem = None, None
     checkpoint = tune.get_checkpoint()
     if checkpoint is not None and all(m.configs for m in members):
         try:
             with checkpoint.as_directory() as directory:
-                resume = PackState.load(directory, [m.configs for m in members])
+                resume = (PackRaceState if racing else PackState).load(directory, [m.configs for m in members])
         except Exception as e:  # noqa: BLE001 - recorded in the members' runs below
             problem = e
     for m in members:
@@ -251,13 +254,17 @@ def execute_pack(config: dict[str, Any], settings: TrialSettings) -> None:
             m.tracker = _open_run(settings, space, member_key(trial_id, m.index), m.params, m.configs, {
                 store.TAG_PACK_GROUP: trial_id, store.TAG_PACK_INDEX: str(m.index),
                 store.TAG_OPTUNA_TRIAL: str(m.number)})
-            if resume is not None:
-                m.tracker.set_tags({store.TAG_RESUMED_FROM: str(resume.step)})
+            if resume is not None:  # a racing pack's is by blocks, as a lone racing trial's
+                m.tracker.set_tags({store.TAG_RESUMED_FROM: str(resume.blocks if racing else resume.step)})
     try:
         if problem is not None:
             raise problem
         for m in members:
             m.configs = m.configs or run_configs(space, m.params)
+        if racing:
+            run_pack_race(members, space, tune.report, BoardRace(settings.sweep), trial_id, resume=resume,
+                          report_checkpoint=_report_checkpoint)
+            return
         judge = board_judge(settings.sweep) if space.scheduler.type == "asha" else None
         run_pack(members, space, tune.report, judge=judge, resume=resume, report_checkpoint=_report_checkpoint)
     except SystemExit:  # Tune stopped the pack (the sweep is ending): as for a lone trial
