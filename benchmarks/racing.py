@@ -2,6 +2,7 @@
 
     python benchmarks/racing.py ground-truth [--out benchmarks/racing_ground_truth.json]
     python benchmarks/racing.py replay [--ground-truth FILE] [--replications 100] [--seed 0]
+    python benchmarks/racing.py sweep-check [--ground-truth FILE]   # a real racing sweep against the replay
 
 ``ground-truth`` trains the fixed settings of `racing_ground_truth.py` on 256 seeds each
 (run it under ``nice``: one thread, about two minutes). ``replay`` needs no training: seed
@@ -238,12 +239,20 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--ground-truth", type=Path, default=GROUND_TRUTH)
     r.add_argument("--replications", type=int, default=100)
     r.add_argument("--seed", type=int, default=0)
+    c = sub.add_parser("sweep-check", help="run a real racing sweep on the ground truth's lr grid and check it "
+                                           "against the replay (racing_sweep_check.py)")
+    c.add_argument("--ground-truth", type=Path, default=GROUND_TRUTH)
+    c.add_argument("--out", type=Path, default=HERE / "results" / "racing_sweep_check.json")
     args = p.parse_args(argv)
     if args.command == "ground-truth":
         from racing_ground_truth import build
 
         build(args.out, seeds=args.seeds)
         return 0
+    if args.command == "sweep-check":
+        from racing_sweep_check import main as sweep_check
+
+        return sweep_check(args.ground_truth, args.out)
     if args.replications < 2:
         p.error("--replications must be at least 2 (one half chooses, the other reports)")
     truth = load_truth(args.ground_truth)

@@ -194,7 +194,7 @@ def local_cluster(code: Path) -> Iterator[tuple[dict[str, str], int]]:
                 os.killpg(head.pid, sig)
             except ProcessLookupError:
                 break
-            psutil.wait_procs(procs, timeout=10)
+            psutil.wait_procs(procs, timeout=3)  # what ignores SIGTERM that long is killed
         import shutil
 
         shutil.rmtree(temp, ignore_errors=True)

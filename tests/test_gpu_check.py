@@ -159,7 +159,7 @@ def test_a_pytest_part_stopped_at_its_limit_keeps_the_counts_it_showed(tmp_path)
     part = gpu_check.Part("tests", "a hanging test", 120,
                           lambda settings, scratch: gpu_check.pytest_command(settings, scratch, [str(tests)]),
                           gpu_check.junit)
-    record = gpu_check.run_part(part, gpu_check.Settings(device="cpu"), 15, lambda text: None)
+    record = gpu_check.run_part(part, gpu_check.Settings(device="cpu"), 8, lambda text: None)
     assert record["status"] == "timeout"
     assert record["figures"]["passed"] == 1 and record["figures"]["failed"] == 0, record
     assert "no report" in record["figures"]["incomplete"]

@@ -39,3 +39,23 @@ def test_replay_picks_the_one_good_setting_and_a_race_drops_the_hopeless_after_o
     # (the half setting is shown worse within 16): far below fixed-32's 7·32 + 2·32 seeds
     assert int(race[4].replace(",", "")) <= (32 + 5 * 8 + 16) * 2000
     assert "false elimination" in out
+
+
+def test_the_sweep_check_compares_a_sweeps_records_with_the_ground_truth_and_the_replay():
+    """`racing_sweep_check.compare` (the real sweep itself is the benchmark's): records that
+    are the replay's agree; a seed that learned otherwise, or a standing the replay does not
+    give, is reported as a mismatch."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    check = importlib.import_module("racing_sweep_check")
+    good, bad = "1" * 64, "0" * 64
+    settings = [{"params": {"lr": 0.1}, "success": good, "log10_error_ratio": [0.0] * 64},
+                {"params": {"lr": 0.01}, "success": bad, "log10_error_ratio": [3.0] * 64}]
+    records = [{"lr": 0.1, "number": 0, "standing": "incumbent", "seeds": 64, "success": good},
+               {"lr": 0.01, "number": 1, "standing": "eliminated", "seeds": 8, "success": bad[:8]}]
+    result = check.compare(settings, records)
+    assert result["agree"] and result["pick"] == {"sweep": 0.1, "replay": 0.1}
+    assert [r["replay"]["standing"] for r in result["rows"]] == ["incumbent", "eliminated"]
+    flipped = [records[0], {**records[1], "success": "1" + bad[:7]}]
+    assert not check.compare(settings, flipped)["agree"]
+    late = [records[0], {**records[1], "seeds": 16, "success": bad[:16]}]
+    assert not check.compare(settings, late)["agree"]

@@ -97,7 +97,7 @@ def head():
                 os.killpg(started.pid, sig)
             except ProcessLookupError:
                 break
-            psutil.wait_procs(procs, timeout=10)
+            psutil.wait_procs(procs, timeout=3)  # what ignores SIGTERM that long is killed
         shutil.rmtree(root, ignore_errors=True)
 
 
