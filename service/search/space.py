@@ -282,8 +282,9 @@ class SearchSpace(Frozen):
         out.extend(self.scheduler.problems())
         if self.scheduler.type == "race":
             out.extend(self._race_problems())
-        seeds = self.seeds if self.scheduler.type != "race" or out else self.trial_seeds()  # a race's: at most
-        if self.pack > 1 and self.pack * seeds > limits.MAX_SEEDS:  # max_seeds in a block (its first, at growth 1)
+        # a race's block is at most its max_seeds (asked only of a race that is valid so far)
+        seeds = self.trial_seeds() if self.scheduler.type == "race" and not out else self.seeds
+        if self.pack > 1 and self.pack * seeds > limits.MAX_SEEDS:
             out.append(("pack", (f"pack × seeds ({self.pack} × {seeds}) must be ≤ {limits.MAX_SEEDS}, "
                                  "the seeds one computation may train")))
         if not out:

@@ -117,8 +117,9 @@ def _tuner(space: SearchSpace, options: SweepOptions, trainable: Any, records: T
         study = {"storage": optuna_storage(options.optuna_storage), "study_name": options.name}
     args = dict(space=DefineByRun(space), metric=OBJECTIVE, mode="max", sampler=make_sampler(space),
                 records=records, **study)
-    if space.pack > 1:  # packs of trials; ASHA judges each member itself (service.sweep.rungs), a race
-        # races them on the sweep's race board (service.sweep.race_board)
+    # packs of trials: ASHA judges each member itself (service.sweep.rungs); a race runs on the
+    # sweep's race board (service.sweep.race_board)
+    if space.pack > 1:
         searcher = PackedOptunaSearch(pack=space.pack, planned=space.trials, rungs=rung_spec(space, options.name),
                                       race=race_spec(space, options.name, options.storage_path),
                                       **args)

@@ -32,6 +32,7 @@ from service.tracking.store import Outcome
 
 if TYPE_CHECKING:  # the training code loads in the worker, never in the sweep's driver
     from service.sweep.pack import PackState
+    from service.sweep.pack_race import PackRaceState
     from service.sweep.trial_state import TrialState
 
 TRAINABLE_NAME = "nalu_sweep_trial"
@@ -85,7 +86,7 @@ def _open_run(settings: TrialSettings, space: SearchSpace, trial_key: str, param
     )
 
 
-def _report_checkpoint(metrics: dict[str, Any], state: TrialState | PackState) -> None:
+def _report_checkpoint(metrics: dict[str, Any], state: TrialState | PackState | PackRaceState) -> None:
     """`tune.report` with a checkpoint: ``state`` saved to a temporary directory that Tune
     copies to the sweep's storage."""
     import tempfile
