@@ -11,6 +11,9 @@ page):
 * ``draw_ms``: one step's data alone, as the trainer draws it (`rng.sample`: S × 128 × 100
   Philox4x32-10 uniforms on the interpolation range and the operands' row sums, into the
   trainer's buffers), the minimum over many repetitions;
+* ``draw_and_first_layer_ms``: the step's one pass that draws the batch and applies the
+  first layer (NAU) to it seed tile by seed tile (`service.units.sampled_linear`), timed
+  the same way;
 * ``step_ms``: the whole training step (``Trainer.train_step``, as ``compile: auto`` trains a
   30,000-step run: compiled), the fastest block of 50 of ``--steps`` steps (``step_ms_median``:
   the median block, what a shared machine gave);
@@ -39,6 +42,7 @@ import torch  # noqa: E402
 from service.config import RunConfig  # noqa: E402
 from service.seeding import generator as rng  # noqa: E402
 from service.training import Trainer  # noqa: E402
+from service.units import sampled_linear  # noqa: E402
 
 EVAL_EVERY = 1000
 BLOCK = 50  # steps timed together
@@ -86,8 +90,14 @@ def measure(seeds: int, steps: int, compile: str = "auto") -> dict:
     runs = trainer.task.operand_runs() or ()
     buffers = trainer._batch_buffers(keys.shape[0], shape, len(runs))
     step = torch.tensor(7)
-    draw = min_ms(lambda: rng.sample(keys, step, shape, trainer.task.interpolation.intervals, runs, out=buffers),
-                  max(50, steps))
+    intervals = trainer.task.interpolation.intervals
+    draw = min_ms(lambda: rng.sample(keys, step, shape, intervals, runs, out=buffers), max(50, steps))
+    first_pass = None
+    if trainer.fuses_first_layer:  # the step's one pass: the draw and the first layer, seed tile by tile
+        w = trainer.model.units[0].input_product_weight()
+        with torch.no_grad():
+            first_pass = min_ms(lambda: sampled_linear.sample_linear(keys, step, shape, intervals, runs, w,
+                                                                     out=buffers), max(50, steps))
     blocks = []  # mean step time of blocks of BLOCK steps: the fastest block is the code's cost,
     for _ in range(max(1, steps // BLOCK)):  # the median what a shared machine gave
         t = time.perf_counter()
@@ -110,7 +120,9 @@ def measure(seeds: int, steps: int, compile: str = "auto") -> dict:
                    + (f" --compile {compile}" if compile != "auto" else ""),
         "machine": f"{platform.machine()}, {cpu_model()}, torch {torch.__version__}, 1 thread",
         "seeds": seeds, "compiled": trainer.compiled,
-        "draw_ms": round(draw, 3), "step_ms": round(step_ms, 3), "step_ms_median": round(median_ms, 3),
+        "draw_ms": round(draw, 3),
+        "draw_and_first_layer_ms": round(first_pass, 3) if first_pass is not None else None,
+        "step_ms": round(step_ms, 3), "step_ms_median": round(median_ms, 3),
         "eval_ms_per_step": round(evaluation, 3),
         "draw_share_of_step": round(draw / step_ms, 2),
         "seed_steps_per_s": round(seeds / ((step_ms + evaluation) / 1e3)),
@@ -132,6 +144,8 @@ def main(argv: list[str] | None = None) -> dict:
     figures = measure(args.seeds, args.steps, args.compile)
     print(f"S = {figures['seeds']}, one thread ({figures['machine']}), compiled: {figures['compiled']}")
     print(f"  data draw alone      {figures['draw_ms']:8.3f} ms  ({figures['draw_share_of_step']:.0%} of the step)")
+    if figures["draw_and_first_layer_ms"] is not None:
+        print(f"  draw + first layer   {figures['draw_and_first_layer_ms']:8.3f} ms  (the step's one pass)")
     print(f"  whole training step  {figures['step_ms']:8.3f} ms  (median block {figures['step_ms_median']:.3f} ms)")
     print(f"  evaluation, per step {figures['eval_ms_per_step']:8.3f} ms")
     print(f"  seed·steps/s now {figures['seed_steps_per_s']:,}; with everything but the draw and the "

@@ -191,6 +191,38 @@ int nalu_linear_dw(float *dw, const float *g, const float *x, int64_t S, int64_t
 
 int nalu_linear_isa(void) { return has_avx2_fma(); }
 
+/* `nalu_rng_sample` of philox.c (its library hands its address over: this file never draws) */
+typedef int (*nalu_draw_fn)(float *, const int64_t *, int64_t, int64_t, int64_t, int64_t, int64_t,
+                            const float *, const float *, float, float *, int64_t, const int64_t *,
+                            const int64_t *);
+
+/* The training batch drawn and the first linear layer applied, `tile` seeds at a time: each
+   tile's batch x [tile, rows, cols] is drawn by `draw` (the arguments after x are its own),
+   then z = x w^T computed by nalu_linear_fwd's code while that tile is still in cache. The
+   same per-seed routines as drawing every seed first and then applying the layer, so the
+   same bits; at many seeds the layer no longer reads the whole batch back from memory.
+   w [S, O, cols], z [S, rows, O] contiguous. 0 when done, -1 without AVX2/FMA. */
+int nalu_sample_linear(void *draw_fn, int64_t tile, float *z, const float *w, int64_t O,
+                       float *x, const int64_t *keys, int64_t S, int64_t counter, int64_t rows,
+                       int64_t cols, int64_t n_iv, const float *lo, const float *off, float total,
+                       float *sums, int64_t K, const int64_t *starts, const int64_t *ends) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (!has_avx2_fma() || tile < 1) return -1;
+    const nalu_draw_fn draw = (nalu_draw_fn)draw_fn;
+    const int64_t n = rows * cols;
+    for (int64_t s0 = 0; s0 < S; s0 += tile) {
+        const int64_t t = S - s0 < tile ? S - s0 : tile;
+        const int r = draw(x + s0 * n, keys + 3 * s0, t, counter, rows, cols, n_iv, lo, off, total,
+                           K > 0 ? sums + s0 * rows * K : NULL, K, starts, ends);
+        if (r != 0) return r;
+        fwd_avx2(z + s0 * rows * O, x + s0 * n, w + s0 * O * cols, t, rows, O, cols, n, cols);
+    }
+    return 0;
+#else
+    return -1;
+#endif
+}
+
 /* NMU with two inputs (portable C, float32, no contraction: the same operations as torch).
    f_i = w[s, o, i] * (x[s, b, i] - 1) + 1;  z[s, b, o] = f_0 * f_1.
    x: [S, B, 2] with seed stride xs, row stride xr and element stride xe; w: [S, O, 2]. */

@@ -59,9 +59,11 @@ from service import native
 from service.native.ordered import lane_sum
 from service.seeding import philox
 
-__all__ = ["uniform", "uniform_into", "sample", "map_to_intervals", "native_available"]
+__all__ = ["uniform", "uniform_into", "sample", "sample_plan", "map_to_intervals", "native_available",
+           "native_draw"]
 
-_MAX_INTERVALS = 8  # NALU_MAX_INTERVALS of the kernel
+MAX_INTERVALS = 8
+"""Most intervals of a range the native kernel maps to (its ``NALU_MAX_INTERVALS``)."""
 _ENV_NATIVE = "NALU_SWEEP_RNG_NATIVE"  # "0" forces the torch-ops path
 _uniform_torch = philox.uniform
 
@@ -171,8 +173,8 @@ def map_to_intervals(u: torch.Tensor, intervals: Intervals) -> torch.Tensor:
 @functools.lru_cache(maxsize=64)
 def _sample_args(intervals: Intervals, runs: tuple[tuple[int, int], ...]) -> tuple:
     """The kernel's constant arguments for a range and its runs (ctypes arrays, cached)."""
-    if len(intervals) > _MAX_INTERVALS:
-        raise ValueError(f"sample: at most {_MAX_INTERVALS} intervals")
+    if len(intervals) > MAX_INTERVALS:
+        raise ValueError(f"sample: at most {MAX_INTERVALS} intervals")
     total, lows, offsets = _interval_constants(intervals)
     k = len(runs)
     lo_arr = (ctypes.c_float * len(lows))(*lows)
@@ -192,6 +194,29 @@ def _sample_native(x: torch.Tensor, sums: torch.Tensor, keys: torch.Tensor, coun
         x.data_ptr(), keys.data_ptr(), keys.shape[0], counter, x[0].numel() // cols, cols,
         n_iv, lo_arr, off_arr, total, sums.data_ptr() if k else None, k, starts, ends,
     )
+
+
+def native_draw(intervals: Intervals, runs: tuple[tuple[int, int], ...]) -> tuple[int, tuple]:
+    """For a native kernel that draws training batches itself (`service.units.sampled_linear`):
+    the address of the C function behind `sample` (``nalu_rng_sample``) and its arguments
+    that depend on ``intervals`` and ``runs`` alone, in its order (``n_iv, lows, offsets,
+    total, K, starts, ends``). Only where `native_available`."""
+    lib = _lib()
+    if lib is None:
+        raise RuntimeError("native_draw: the native generator is not available")
+    return ctypes.cast(lib.nalu_rng_sample, ctypes.c_void_p).value, _sample_args(intervals, runs)
+
+
+def sample_plan(shape: tuple[int, ...], intervals: Intervals, row_sums: tuple[tuple[int, int], ...]
+                ) -> tuple:
+    """`sample`'s arguments checked and normalised: ``(shape, intervals, row_sums, rows, cols)``
+    (raises ``ValueError`` on arguments `sample` refuses)."""
+    if torch.compiler.is_compiling():
+        return _sample_plan.__wrapped__(shape, intervals, row_sums)
+    try:
+        return _sample_plan(shape, intervals, row_sums)
+    except TypeError:  # lists somewhere: not hashable
+        return _sample_plan.__wrapped__(shape, intervals, row_sums)
 
 
 def _rng_sample_op(keys: torch.Tensor, counter: torch.Tensor, rows: int, cols: int,
@@ -279,18 +304,12 @@ def sample(
     bit-for-bit equal (torch's ``sum`` may differ in the last bits). ``out = (x, sums)``: contiguous float32
     buffers to fill instead of allocating (eager only; ignored when compiling or off CPU).
     """
-    if torch.compiler.is_compiling():  # dynamo traces the checks into constants
-        shape, intervals, row_sums, rows, cols = _sample_plan.__wrapped__(shape, intervals, row_sums)
-    else:
-        try:
-            shape, intervals, row_sums, rows, cols = _sample_plan(shape, intervals, row_sums)
-        except TypeError:  # lists somewhere: not hashable
-            shape, intervals, row_sums, rows, cols = _sample_plan.__wrapped__(shape, intervals, row_sums)
+    shape, intervals, row_sums, rows, cols = sample_plan(shape, intervals, row_sums)
     keys = philox.as_stream_keys(keys)
     S = keys.shape[0]
     n = rows * cols
     sums_shape = (S, *shape[:-1], len(row_sums))
-    if (keys.device.type == "cpu" and S > 0 and n > 0 and len(intervals) <= _MAX_INTERVALS
+    if (keys.device.type == "cpu" and S > 0 and n > 0 and len(intervals) <= MAX_INTERVALS
             and native_available()):
         if torch.compiler.is_compiling():
             c = torch.as_tensor(counter, dtype=torch.int64)

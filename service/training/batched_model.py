@@ -23,9 +23,11 @@ class BatchedModel(nn.Module):
         self.units = nn.ModuleList(units)
         self.num_seeds = units[0].num_seeds
 
-    def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:
-        for unit in self.units:
-            x = unit(x, ctx)
+    def forward(self, x: Tensor, ctx: ForwardContext | None = None, start: int = 0) -> Tensor:
+        """The units from ``start`` on (``x``: the output of unit ``start − 1``, or the input)."""
+        for i, unit in enumerate(self.units):
+            if i >= start:
+                x = unit(x, ctx)
         return x
 
     def regularizer(self) -> Tensor:

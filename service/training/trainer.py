@@ -9,9 +9,12 @@ run can hand out a `TrainerCheckpoint` and continue from one bit for bit
 
 Speed (CPU, one thread, 100 seeds, NAU → NMU on the 100-input task): the batch, its
 interpolation-range map and the target's operand sums come from one native pass
-(`rng.sample`); the narrow linear layers and the two-input NMU have native kernels
-(`service.units.kernels`); compiled, the whole step (forward, ``autograd.grad``, update)
-is one graph. ~1.1 ms per step compiled, ~2.2 ms eager.
+(`service.seeding.generator.sample`), which also applies a plain first layer (NAU,
+linear) seed tile by seed tile while the tile's batch is in cache
+(`service.units.sampled_linear`: the same bits as drawing, then applying it); the narrow
+linear layers and the two-input NMU have native kernels (`service.units.kernels`);
+compiled, the whole step (forward, ``autograd.grad``, update) is one graph.
+docs/performance.md has the measured figures.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from service import native
 from service.config import RunConfig
 from service.pack_structure import check_pack, packable
 from service.scoring.metrics import aggregate, per_seed_metrics
-from service.seeding import InitStream, generator as rng, stream_keys
+from service.seeding import InitStream, stream_keys
+from service.training.batches import TrainingBatches
 from service.training.checkpoint import (
     TrainerCheckpoint,
     pack_fingerprint,
@@ -59,7 +63,7 @@ def _isfinite(t: Tensor) -> Tensor:
     return (t - t) == 0
 
 
-class Trainer(Evaluation, CapturedSteps):
+class Trainer(TrainingBatches, Evaluation, CapturedSteps):
     """Trains ``config.seeds`` seeds of one configuration as one batched computation."""
 
     def __new__(cls, config: RunConfig, *args, **kwargs):
@@ -100,6 +104,7 @@ class Trainer(Evaluation, CapturedSteps):
         self.optimizer = BatchedOptimizer(self.params, t.optimizer, self.settings.per_seed(lambda m: m.train.optimizer))
 
         self.data_keys = self._stream_keys("data")
+        self.fuses_first_layer = self._fuses_first_layer()
         # a shared batch is each member's own, from its first seed's stream (keys taken once);
         # in a pack of several, each seed then reads its member's batch
         slices = self.settings.slices
@@ -178,47 +183,15 @@ class Trainer(Evaluation, CapturedSteps):
         self.model.reset_parameters(streams, positions)
 
     # -- the step ---------------------------------------------------------------------------
-    def _batch(self, step: Tensor) -> tuple[Tensor, Tensor]:
-        """Each seed's inputs ``x [S, B, I]`` and targets for ``step``.
-
-        One pass of `rng.sample` draws x on the interpolation range and, for tasks whose
-        operands are sums of runs of inputs, those sums (the target then needs no second
-        read of x). Eager on CPU, x is written into a buffer kept across steps (no fresh
-        multi-MB allocation per step): it stays valid until the next call.
-        """
-        t = self.config.train
-        shape = (t.batch_size, self.task.input_size)
-        keys = self._shared_keys if t.shared_batch else self.data_keys
-        runs = self.task.operand_runs() or ()
-        x, sums = rng.sample(keys, step, shape, self.task.interpolation.intervals, runs,
-                             out=self._batch_buffers(keys.shape[0], shape, len(runs)))
-        tasks = self.member_tasks
-        if t.shared_batch and self._seed_member is not None:  # a pack: each seed its member's batch
-            x, sums = x[self._seed_member], sums[self._seed_member]
-        if self.dtype != x.dtype:  # float64: the float32 draw, its target computed in float64
-            x = x.to(self.dtype)
-            target = tasks.targets(lambda task, rows: task.target(rows), x)
-        elif runs:
-            target = tasks.targets(lambda task, rows: task.apply_operation(rows), sums)
-        else:
-            target = tasks.targets(lambda task, rows: task.target(rows), x)
-        if t.shared_batch and keys.shape[0] == 1:
-            x = x.expand(self.num_seeds, *shape)
-            target = target.expand(self.num_seeds, *target.shape[1:])
-        return x, target
-
-    def _batch_buffers(self, rows: int, shape: tuple[int, int], k: int) -> tuple[Tensor, Tensor] | None:
-        if self.device.type != "cpu" or torch.compiler.is_compiling():
-            return None
-        if self._buffers is None:
-            self._buffers = (torch.empty(rows, *shape), torch.empty(rows, shape[0], k))
-        return self._buffers
-
     def _loss_eager(self, step: Tensor) -> tuple[Tensor, Tensor]:
         """(Σ_seeds total loss, per-seed task loss ``[S]``) for the batch of ``step``."""
-        x, target = self._batch(step)
         ctx = ForwardContext(step=step, noise_keys=self.noise_keys)
-        y = self.model(x, ctx)
+        if self.fuses_first_layer:
+            _, target, z = self._batch_and_first_layer(step, self.model.units[0].input_product_weight())
+            y = self.model(z, ctx, start=1)
+        else:
+            x, target = self._batch(step)
+            y = self.model(x, ctx)
         if self.config.train.loss == "mse":
             task_loss = (y - target).square().mean((1, 2))
         else:

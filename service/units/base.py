@@ -182,6 +182,12 @@ class Unit(nn.Module):
     def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:  # noqa: D102
         raise NotImplementedError
 
+    def input_product_weight(self) -> Tensor | None:
+        """``W`` when this unit's forward is exactly ``linear_forward(x, W)`` and nothing else
+        (a trainer may then draw the batch and apply the layer in one pass,
+        `service.units.sampled_linear`), else None."""
+        return None
+
     def regularizer(self) -> Tensor:
         """Sparsity regulariser R per seed ``[S]`` (a mean over the unit's weights)."""
         return self._zeros()

@@ -65,6 +65,11 @@ def _lib() -> ctypes.CDLL | None:
     return native.load("units", _setup)
 
 
+def native_library() -> ctypes.CDLL | None:
+    """The compiled ``service/native/units.c`` (built on first use), or None."""
+    return _lib()
+
+
 @native.compile_time_constant
 def native_available() -> bool:
     """Whether `linear` can use the native kernel on this machine (builds it on first use;
@@ -179,15 +184,18 @@ class _Linear(torch.autograd.Function):
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None]:
         x, w = ctx.saved_tensors
         gx = _dx(g, w) if ctx.needs_input_grad[0] else None
-        gw = None
-        if ctx.needs_input_grad[1]:
-            if not native_available():
-                gw = _dw_torch(g, x)
-            elif torch.compiler.is_compiling():
-                gw = torch.ops.nalu_sweep.linear_dw(g, x)
-            else:
-                gw = _dw_native(g, x)
+        gw = weight_gradient(g, x) if ctx.needs_input_grad[1] else None
         return gx, gw
+
+
+def weight_gradient(g: Tensor, x: Tensor) -> Tensor:
+    """`linear`'s weight gradient ``[S, O, I]`` for the gradient ``g [S, B, O]`` of its output
+    and its input ``x`` (rows contiguous): by the kernel, or by torch ops in its order."""
+    if not native_available():
+        return _dw_torch(g, x)
+    if torch.compiler.is_compiling():
+        return torch.ops.nalu_sweep.linear_dw(g, x)
+    return _dw_native(g, x)
 
 
 def usable(x: Tensor, w: Tensor) -> bool:

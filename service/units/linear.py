@@ -56,6 +56,9 @@ class _LinearBase(Unit):
     def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:
         return linear_forward(x, self.weight)
 
+    def input_product_weight(self) -> Tensor:
+        return self.weight
+
     def weight_matrices(self) -> dict[str, Tensor]:
         return {"weight": self.weight}
 

@@ -54,6 +54,9 @@ class NAU(Unit):
     def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:
         return linear_forward(x, self.weight)
 
+    def input_product_weight(self) -> Tensor:
+        return self.weight
+
     def regularizer(self) -> Tensor:
         return nau_regularizer(self.weight)
 
