@@ -78,6 +78,9 @@ class RecurrentTrainer(Trainer):
     def _compile_pays_off(self) -> bool:
         return compile_pays_off(self.device, self.config.train.steps, recurrent=True)
 
+    def _fuses_first_layer(self) -> bool:
+        return False  # sequences: the read-in layer sees each position, not a drawn batch
+
     # -- the step ---------------------------------------------------------------------------
     def _batch(self, step: Tensor) -> tuple[Tensor, Tensor]:
         """Each seed's sequences ``x [S, B, L, I]`` and running targets ``[S, B, L, 1]``."""

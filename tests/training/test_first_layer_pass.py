@@ -35,6 +35,11 @@ def test_which_structures_take_the_one_pass():
     assert not Trainer(_config(("nalu", "nalu"))).fuses_first_layer
     assert not Trainer(_config(shared_batch=True)).fuses_first_layer  # one batch for all seeds
     assert not Trainer(_config().model_copy(update={"dtype": "float64"})).fuses_first_layer
+    recurrent = RunConfig.model_validate({"task": {"kind": "sequence_arithmetic", "operation": "sum",
+                                                   "eval_samples": 20},
+                                          "train": {"steps": 10, "batch_size": 8, "eval_every": 10},
+                                          "seeds": 2, "device": "cpu"})
+    assert not Trainer(recurrent).fuses_first_layer
 
 
 @pytest.mark.parametrize("compile", ["off", pytest.param("on", marks=pytest.mark.slow)])
