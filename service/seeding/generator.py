@@ -68,7 +68,7 @@ _ENV_NATIVE = "NALU_SWEEP_RNG_NATIVE"  # "0" forces the torch-ops path
 _uniform_torch = philox.uniform
 
 
-_lib_state: dict[str, object] = {}  # "fn", "sample": ctypes functions or None; "avx2"; "error"
+_lib_state: dict[str, object] = {}  # "fn", "sample": ctypes functions or None; "avx2"; "error"; "draw": an address
 
 
 def _setup(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -201,10 +201,12 @@ def native_draw(intervals: Intervals, runs: tuple[tuple[int, int], ...]) -> tupl
     the address of the C function behind `sample` (``nalu_rng_sample``) and its arguments
     that depend on ``intervals`` and ``runs`` alone, in its order (``n_iv, lows, offsets,
     total, K, starts, ends``). Only where `native_available`."""
-    lib = _lib()
-    if lib is None:
-        raise RuntimeError("native_draw: the native generator is not available")
-    return ctypes.cast(lib.nalu_rng_sample, ctypes.c_void_p).value, _sample_args(intervals, runs)
+    if "draw" not in _lib_state:
+        lib = _lib()
+        if lib is None:
+            raise RuntimeError("native_draw: the native generator is not available")
+        _lib_state["draw"] = ctypes.cast(lib.nalu_rng_sample, ctypes.c_void_p).value
+    return _lib_state["draw"], _sample_args(intervals, runs)
 
 
 def sample_plan(shape: tuple[int, ...], intervals: Intervals, row_sums: tuple[tuple[int, int], ...]

@@ -58,6 +58,14 @@ def _setup(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.nalu_nmu2_fwd.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
     lib.nalu_nmu2_bwd.restype = None
     lib.nalu_nmu2_bwd.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 6
+    lib.nalu_sample_linear.restype = ctypes.c_int  # `service.units.sampled_linear`
+    lib.nalu_sample_linear.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+        ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_float),
+        ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
+        ctypes.POINTER(ctypes.c_int64),
+    ]
     return lib
 
 

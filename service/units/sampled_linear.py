@@ -16,8 +16,6 @@ rest of the model has run). Where either native library cannot be had, `sample_l
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
@@ -29,30 +27,11 @@ from service.units import kernels
 TILE_BYTES = 1 << 18
 """A tile's batch at most (256 KiB: inside every x86-64 core's L2), at least one seed."""
 
-_state: dict[str, object] = {}
-
-
-def _lib() -> ctypes.CDLL | None:
-    if "lib" not in _state:
-        lib = kernels.native_library()
-        if lib is not None:
-            lib.nalu_sample_linear.restype = ctypes.c_int
-            lib.nalu_sample_linear.argtypes = [
-                ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
-                ctypes.c_int64, ctypes.c_int64, ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_float),
-                ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64),
-                ctypes.POINTER(ctypes.c_int64),
-            ]
-        _state["lib"] = lib
-    return _state["lib"]  # type: ignore[return-value]
-
-
 @native.compile_time_constant
 def available() -> bool:
     """Whether `sample_linear` runs as one native pass (both the generator's and the units'
     kernels built, AVX2 and FMA); else it is `sample` then `linear`, with the same bits."""
-    return rng.native_available() and kernels.native_available() and _lib() is not None
+    return rng.native_available() and kernels.native_available()
 
 
 def tile_seeds(rows: int, cols: int) -> int:
@@ -66,7 +45,7 @@ def _native(x: Tensor, sums: Tensor, z: Tensor, keys: Tensor, counter: int, w: T
     draw, (n_iv, lows, offsets, total, k, starts, ends) = rng.native_draw(intervals, runs)
     if keys.dtype != torch.int64 or not keys.is_contiguous():
         keys = keys.to(torch.int64).contiguous()
-    status = _lib().nalu_sample_linear(
+    status = kernels.native_library().nalu_sample_linear(
         draw, tile_seeds(rows, cols), z.data_ptr(), w.data_ptr(), w.shape[1], x.data_ptr(), keys.data_ptr(),
         S, counter, rows, cols, n_iv, lows, offsets, total, sums.data_ptr() if k else None, k, starts, ends)
     if status != 0:
