@@ -87,7 +87,7 @@ def main() -> None:
     step = torch.tensor(4_999_999, dtype=torch.int64)
     n = SHAPE[0] * SHAPE[1]
     native = rng.native_available()
-    isa = "AVX2" if rng._lib_state.get("avx2") else "portable C"
+    isa = rng.ISA_NAMES[int(rng._lib_state.get("isa", 0))]
     print(f"torch {torch.__version__}, threads={torch.get_num_threads()}, "
           f"native kernel: {isa if native else 'unavailable: ' + str(rng._lib_state.get('error'))}")
     print(f"ms per [{S}, {SHAPE[0]}, {SHAPE[1]}] float32 draw ({S * n / 1e6:.2f} M numbers):")
@@ -103,6 +103,14 @@ def main() -> None:
         bufs = (out, torch.empty(S, SHAPE[0], len(runs)))
         row("rng.sample on U[1,2] + 2 row sums, into buffers", rng.sample, keys, step, SHAPE,
             ((1.0, 2.0),), runs, bufs)
+        lib = rng._lib_state["lib"]
+        for level in range(int(lib.nalu_rng_isa()) - 1, -1, -1):  # the lower instruction sets, same bits
+            lib.nalu_rng_force_isa(level)
+            try:
+                row(f"  the same, {rng.ISA_NAMES[level]} (forced)", rng.sample, keys, step, SHAPE,
+                    ((1.0, 2.0),), runs, bufs)
+            finally:
+                lib.nalu_rng_force_portable(0)
         row("  the same by torch: uniform, map, 2 slice sums",
             lambda: (lambda x: (x, x[..., 16:41].sum(-1), x[..., 29:54].sum(-1)))(
                 rng.uniform(keys, step, SHAPE) * 1.0 + 1.0))

@@ -60,6 +60,37 @@ def test_linear_native_and_fallback_are_bit_identical(monkeypatch, S, B, I, O):
     torch.testing.assert_close(native[0], torch.matmul(w, x.transpose(1, 2)).transpose(1, 2), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("S, B, I, O", [(3, 130, 100, 2), (2, 9, 16, 1), (2, 5, 17, 3), (1, 4, 1, 4),
+                                        (2, 33, 191, 2), (2, 7, 192, 1), (2, 6, 193, 2), (1, 3, 400, 3)])
+def test_the_weight_gradient_is_the_same_on_every_instruction_set(S, B, I, O):
+    """AVX2 and AVX-512 (where the CPU has it) give the same weight gradient: the same
+    sequential sum per element, over contiguous, strided and shared (stride-0) batches and
+    over column counts on either side of the AVX-512 kernel's 192-column blocks."""
+    _native_or_skip()
+    lib = kernels.native_library()
+    if int(lib.nalu_units_isa()) < 2:
+        pytest.skip("this CPU has no AVX-512: one instruction set only")
+    g = torch.Generator().manual_seed(S * 1000 + B * 10 + I + O)
+    up = torch.randn(S, B, O, generator=g)
+    w = torch.randn(S, O, I, generator=g)
+    batches = [torch.randn(S, B, I, generator=g) * 3, torch.randn(B, I, generator=g).expand(S, B, I),
+               torch.randn(S, B, 2 * I, generator=g)[..., ::2]]
+
+    def weight_gradient(x):
+        wg = w.clone().requires_grad_(True)
+        return torch.autograd.grad(kernels.linear(x, wg), wg, up)[0]
+
+    best = [weight_gradient(x) for x in batches]
+    torch.testing.assert_close(best[0], torch.einsum("sbo,sbi->soi", up, batches[0]), rtol=1e-4, atol=1e-3)
+    lib.nalu_units_force_isa(1)
+    try:
+        for x, want in zip(batches, best):
+            assert torch.equal(weight_gradient(x), want)
+    finally:
+        lib.nalu_units_force_isa(2)
+    assert int(lib.nalu_units_isa()) == 2
+
+
 @pytest.mark.parametrize("S, B, O", [(3, 5, 1), (4, 7, 3), (2, 128, 1), (3, 17, 2)])
 def test_two_input_nmu_native_and_fallback_are_bit_identical(monkeypatch, S, B, O):
     _native_or_skip()

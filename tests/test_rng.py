@@ -157,21 +157,34 @@ def test_cpu_kernel_matches_torch_ops(n):
         assert torch.equal(native, philox.uniform(KEYS, c, n))
 
 
-@pytest.mark.parametrize("n", [1, 5, 47, 48, 49, 100, 12807])
-def test_portable_c_matches_avx2(n):
+@pytest.mark.parametrize("n", [1, 5, 31, 32, 33, 47, 48, 49, 95, 96, 97, 100, 12807])
+def test_every_instruction_set_gives_the_same_bits(n):
+    """Portable C, AVX2 and AVX-512 (those this CPU has) draw the same numbers and sums, for
+    plain uniforms, one interval (the exact one-multiply path), a union of two, and rows whose
+    chunks start inside a Philox block (odd row lengths)."""
     if not rng.native_available():
         pytest.skip("no native kernel here")
     lib = rng._lib_state["lib"]
-    avx2 = [rng.uniform(KEYS, c, (n,)) for c in COUNTERS]
-    sampled = [rng.sample(KEYS, c, (n,), ((-6.0, -2.0), (2.0, 6.0)), ((0, n),)) for c in COUNTERS]
-    lib.nalu_rng_force_portable(1)
+    best = int(lib.nalu_rng_isa())
+
+    def draws():
+        out = []
+        for c in COUNTERS:
+            out.append(rng.uniform(KEYS, c, (n,)))
+            out.extend(rng.sample(KEYS, c, (n,), ((-6.0, -2.0), (2.0, 6.0)), ((0, n),)))
+            out.extend(rng.sample(KEYS, c, (3, n), ((1.0, 2.0),), ((0, (n + 1) // 2), (n // 3, n))))
+        return out
+
+    reference = draws()
     try:
-        for c, u, (x, s) in zip(COUNTERS, avx2, sampled):
-            assert torch.equal(rng.uniform(KEYS, c, (n,)), u)
-            px, ps = rng.sample(KEYS, c, (n,), ((-6.0, -2.0), (2.0, 6.0)), ((0, n),))
-            assert torch.equal(px, x) and torch.equal(ps, s)
+        for level in range(best):
+            lib.nalu_rng_force_isa(level)
+            assert int(lib.nalu_rng_isa()) == level
+            for got, want in zip(draws(), reference):
+                assert torch.equal(got, want), rng.ISA_NAMES[level]
     finally:
         lib.nalu_rng_force_portable(0)
+    assert int(lib.nalu_rng_isa()) == best
 
 
 def test_uniform_into():

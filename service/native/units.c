@@ -5,7 +5,8 @@
    without these kernels gives the same bits:
    - linear forward, over the inputs: `lane_sum` (eight lanes i mod 8, sequential from 0.0f,
      then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)));
-   - linear weight gradient, over the batch rows: sequential from 0.0f;
+   - linear weight gradient, over the batch rows: sequential from 0.0f (AVX-512 where the
+     CPU has it: one pass over each seed's rows, sixteen columns a vector; the same sums);
    - NMU weight gradient, over the batch rows: `lane_sum`; its input gradient, over the
      outputs: sequential from the first term. */
 #include <stdint.h>
@@ -164,13 +165,87 @@ static void dw_avx2(float *dw, const float *g, const float *x, int64_t S, int64_
     }
 }
 
+/* The weight gradient in 512-bit vectors: up to DWZ_MAX vectors of columns of two output rows
+   held in 2 * DWZ_MAX registers while the batch rows stream by once, in order (dw_avx2 passes
+   over a seed's rows once per 48 columns, which at many seeds reads a batch that no longer
+   fits in the cache from memory several times). Each element is the same sequential sum. */
+#define DWZ_MAX 12
+
+__attribute__((target("avx512f"), always_inline)) static inline void dwz_block(
+        float *d0, float *d1, const float *g, const float *xb, int64_t B, int64_t O, int64_t xr,
+        int two, const int NV, __mmask16 tail) {
+    __m512 a0[DWZ_MAX], a1[DWZ_MAX];
+    for (int j = 0; j < NV; j++) { a0[j] = _mm512_setzero_ps(); a1[j] = _mm512_setzero_ps(); }
+    for (int64_t b = 0; b < B; b++) {
+        const float *r = xb + b * xr;
+        const __m512 g0 = _mm512_set1_ps(g[b * O]);
+        const __m512 g1 = _mm512_set1_ps(two ? g[b * O + 1] : 0.0f);
+        for (int j = 0; j < NV; j++) {
+            const __m512 xv = j < NV - 1 ? _mm512_loadu_ps(r + 16 * j) : _mm512_maskz_loadu_ps(tail, r + 16 * j);
+            a0[j] = _mm512_add_ps(a0[j], _mm512_mul_ps(g0, xv));  /* rounded product, then the sum */
+            a1[j] = _mm512_add_ps(a1[j], _mm512_mul_ps(g1, xv));
+        }
+    }
+    for (int j = 0; j < NV; j++) {
+        const __mmask16 m = j < NV - 1 ? (__mmask16)0xFFFF : tail;
+        _mm512_mask_storeu_ps(d0 + 16 * j, m, a0[j]);
+        if (two) _mm512_mask_storeu_ps(d1 + 16 * j, m, a1[j]);
+    }
+}
+
+__attribute__((target("avx512f")))
+static void dw_avx512(float *dw, const float *g, const float *x, int64_t S, int64_t B, int64_t O,
+                      int64_t I, int64_t xs, int64_t xr) {
+    for (int64_t s = 0; s < S; s++) {
+        const float *xsd = x + s * xs, *gs = g + s * B * O;
+        float *dws = dw + s * O * I;
+        for (int64_t o0 = 0; o0 < O; o0 += 2) {
+            const int two = o0 + 1 < O;
+            for (int64_t c0 = 0; c0 < I; c0 += 16 * DWZ_MAX) {
+                const int64_t width = I - c0 < 16 * DWZ_MAX ? I - c0 : 16 * DWZ_MAX;
+                const int nv = (int)((width + 15) / 16);
+                const __mmask16 tail = (__mmask16)((1u << (width - 16 * (nv - 1))) - 1u);
+                float *e0 = dws + o0 * I + c0, *e1 = dws + (o0 + two) * I + c0;
+                const float *xb = xsd + c0, *go = gs + o0;
+                switch (nv) {
+#define NALU_DWZ(n) case n: dwz_block(e0, e1, go, xb, B, O, xr, two, n, tail); break;
+                NALU_DWZ(12) NALU_DWZ(11) NALU_DWZ(10) NALU_DWZ(9) NALU_DWZ(8) NALU_DWZ(7)
+                NALU_DWZ(6) NALU_DWZ(5) NALU_DWZ(4) NALU_DWZ(3) NALU_DWZ(2)
+#undef NALU_DWZ
+                default: dwz_block(e0, e1, go, xb, B, O, xr, two, 1, tail); break;
+                }
+            }
+        }
+    }
+}
+
 static int has_avx2_fma(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
+
+static int has_avx512(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f");
+}
 #else
 static int has_avx2_fma(void) { return 0; }
+static int has_avx512(void) { return 0; }
 #endif
+
+static int units_cap = 2;
+
+/* 1: AVX2 and FMA, 2: AVX-512 as well (the best the CPU has, at most the cap); 0: neither */
+static int units_level(void) {
+    if (!has_avx2_fma()) return 0;
+    const int best = has_avx512() ? 2 : 1;
+    return best < units_cap ? best : units_cap;
+}
+
+/* tests: cap the kernels' level (1 AVX2, 2 no cap); every level gives the same bits */
+void nalu_units_force_isa(int level) { units_cap = level < 1 ? 1 : level > 2 ? 2 : level; }
+
+int nalu_units_isa(void) { return units_level(); }
 
 /* Both return 0 when done, -1 when the CPU lacks AVX2/FMA (the caller then uses torch). */
 int nalu_linear_fwd(float *z, const float *x, const float *w, int64_t S, int64_t B, int64_t O,
@@ -184,7 +259,9 @@ int nalu_linear_fwd(float *z, const float *x, const float *w, int64_t S, int64_t
 int nalu_linear_dw(float *dw, const float *g, const float *x, int64_t S, int64_t B, int64_t O,
                    int64_t I, int64_t xs, int64_t xr) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (has_avx2_fma()) { dw_avx2(dw, g, x, S, B, O, I, xs, xr); return 0; }
+    const int level = units_level();
+    if (level >= 2) { dw_avx512(dw, g, x, S, B, O, I, xs, xr); return 0; }
+    if (level == 1) { dw_avx2(dw, g, x, S, B, O, I, xs, xr); return 0; }
 #endif
     return -1;
 }

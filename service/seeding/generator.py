@@ -27,8 +27,10 @@ wrapping).
 
 Implementations, bit-for-bit identical
 --------------------------------------
-* CPU: the C kernel ``service/native/philox.c`` (AVX2 when the CPU has it, four blocks per
-  256-bit vector with ``_mm256_mul_epu32``, else portable C), compiled once with the system
+* CPU: the C kernel ``service/native/philox.c`` (AVX-512 when the CPU has it, eight blocks
+  per 512-bit vector with ``_mm512_mul_epu32``; else AVX2, four blocks per 256-bit vector;
+  else portable C: the level is the CPU's, never the run's, and every level gives the same
+  integers), compiled once with the system
   C compiler into a private per-user cache (see `service.native`) and called through
   ctypes; inside ``torch.compile`` the opaque op ``nalu_sweep::rng_uniform``.
 * Otherwise (CUDA and any other device, no C compiler, ``NALU_SWEEP_RNG_NATIVE=0`` or
@@ -68,12 +70,17 @@ _ENV_NATIVE = "NALU_SWEEP_RNG_NATIVE"  # "0" forces the torch-ops path
 _uniform_torch = philox.uniform
 
 
-_lib_state: dict[str, object] = {}  # "fn", "sample": ctypes functions or None; "avx2"; "error"; "draw": an address
+_lib_state: dict[str, object] = {}  # "fn": a ctypes function or None; "isa"; "error"; "draw": an address
+ISA_NAMES = ("portable C", "AVX2", "AVX-512")
+"""The native draw's instruction sets by the level ``nalu_rng_isa`` returns (same bits on all)."""
 
 
 def _setup(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.nalu_rng_force_portable.restype = None
     lib.nalu_rng_force_portable.argtypes = [ctypes.c_int]
+    lib.nalu_rng_force_isa.restype = None
+    lib.nalu_rng_force_isa.argtypes = [ctypes.c_int]
+    lib.nalu_rng_isa.restype = ctypes.c_int
     lib.nalu_philox_raw.restype = None
     lib.nalu_philox_raw.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
     lib.nalu_rng_uniform.restype = None
@@ -92,7 +99,7 @@ def _lib() -> ctypes.CDLL | None:
     if "lib" not in _lib_state:
         lib = native.load("philox", _setup, env=_ENV_NATIVE)
         if lib is not None:
-            _lib_state["avx2"] = bool(lib.nalu_rng_isa())
+            _lib_state["isa"] = int(lib.nalu_rng_isa())
             _lib_state["fn"] = lib.nalu_rng_uniform
         else:
             _lib_state["fn"] = None

@@ -22,7 +22,8 @@ products rounded before they are added, never fused), so a trial retried on a no
 a compiler continues the same trajectory. Orders (the C file says the same):
 
 * linear forward: ``lane_sum`` over the inputs;
-* linear weight gradient: sequential over the batch rows, from 0.0;
+* linear weight gradient: sequential over the batch rows, from 0.0 (the kernel takes
+  AVX-512 where the CPU has it: the same sums, one pass over the rows);
 * linear input gradient (torch ops on both paths): sequential over the outputs;
 * NMU weight gradient: ``lane_sum`` over the batch rows; input gradient: sequential over
   the outputs.
@@ -54,6 +55,9 @@ def _setup(lib: ctypes.CDLL) -> ctypes.CDLL:
     for fn in (lib.nalu_linear_fwd, lib.nalu_linear_dw):
         fn.restype = ctypes.c_int
         fn.argtypes = args
+    lib.nalu_units_isa.restype = ctypes.c_int  # 1 AVX2 + FMA, 2 AVX-512 too (0: no native layers)
+    lib.nalu_units_force_isa.restype = None  # tests: cap the level (the same bits on each)
+    lib.nalu_units_force_isa.argtypes = [ctypes.c_int]
     lib.nalu_nmu2_fwd.restype = None
     lib.nalu_nmu2_fwd.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 6
     lib.nalu_nmu2_bwd.restype = None
