@@ -21,12 +21,17 @@ page):
 * ``ops``: the step's self time per operation from torch's profiler (the native kernels are
   ``nalu_sweep::*``; the rest is the compiled graph's own code and its dispatch);
 * ``seed_steps_per_s`` now, and ``ceiling_seed_steps_per_s``: S / (draw + evaluation), what
-  the step would reach if everything but the draw and the evaluation cost nothing.
+  the step would reach if everything but the draw and the evaluation cost nothing;
+* ``instruction_set``: the native kernels' (`service.seeding.generator.ISA_NAMES`); on a CPU
+  with AVX-512, ``avx2_baseline`` times the same trainer's step and draw with both native
+  libraries held to AVX2 (the same bits), blocks alternated with the AVX-512 ones in this one
+  run: their fastest blocks and the ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -42,7 +47,7 @@ import torch  # noqa: E402
 from service.config import RunConfig  # noqa: E402
 from service.seeding import generator as rng  # noqa: E402
 from service.training import Trainer  # noqa: E402
-from service.units import sampled_linear  # noqa: E402
+from service.units import kernels, sampled_linear  # noqa: E402
 
 EVAL_EVERY = 1000
 BLOCK = 50  # steps timed together
@@ -81,6 +86,33 @@ def _readable(op: str) -> str:
     return "compiled graph (its own code)" if op.startswith("## Call CompiledFxGraph") else op
 
 
+def _levels() -> tuple[int, int]:
+    """(the draw's, the layers' kernels') instruction-set levels (0 none/portable, 1 AVX2, 2 AVX-512)."""
+    draw = int(rng._lib_state["lib"].nalu_rng_isa()) if rng.native_available() else 0
+    layers = int(kernels.native_library().nalu_units_isa()) if kernels.native_available() else 0
+    return draw, layers
+
+
+@contextlib.contextmanager
+def _avx2_only():
+    """Both native libraries held to AVX2 (the same bits, the previous instruction set)."""
+    draw_lib, layers_lib = rng._lib_state["lib"], kernels.native_library()
+    draw_lib.nalu_rng_force_isa(1)
+    layers_lib.nalu_units_force_isa(1)
+    try:
+        yield
+    finally:
+        draw_lib.nalu_rng_force_portable(0)
+        layers_lib.nalu_units_force_isa(2)
+
+
+def _block_ms(trainer: Trainer) -> float:
+    t = time.perf_counter()
+    for _ in range(BLOCK):
+        trainer.train_step()
+    return (time.perf_counter() - t) / BLOCK * 1e3
+
+
 def measure(seeds: int, steps: int, compile: str = "auto") -> dict:
     torch.set_num_threads(1)
     trainer = Trainer(config(seeds, compile))
@@ -98,14 +130,20 @@ def measure(seeds: int, steps: int, compile: str = "auto") -> dict:
         with torch.no_grad():
             first_pass = min_ms(lambda: sampled_linear.sample_linear(keys, step, shape, intervals, runs, w,
                                                                      out=buffers), max(50, steps))
-    blocks = []  # mean step time of blocks of BLOCK steps: the fastest block is the code's cost,
-    for _ in range(max(1, steps // BLOCK)):  # the median what a shared machine gave
-        t = time.perf_counter()
-        for _ in range(BLOCK):
-            trainer.train_step()
-        blocks.append((time.perf_counter() - t) / BLOCK)
-    step_ms, median_ms = min(blocks) * 1e3, statistics.median(blocks) * 1e3
+    # mean step time of blocks of BLOCK steps: the fastest block is the code's cost, the
+    # median what a shared machine gave
+    blocks = [_block_ms(trainer) for _ in range(max(1, steps // BLOCK))]
+    step_ms, median_ms = min(blocks), statistics.median(blocks)
     evaluation = min_ms(trainer.evaluate, 3) / EVAL_EVERY
+    levels = _levels()
+    baseline = None
+    if min(levels) >= 2:  # AVX-512 against AVX2 in this run: blocks alternated, fastest of each
+        pairs = [(_block_ms(trainer), _avx2_only_block(trainer)) for _ in range(max(1, steps // BLOCK))]
+        with _avx2_only():
+            draw_avx2 = min_ms(lambda: rng.sample(keys, step, shape, intervals, runs, out=buffers), max(50, steps))
+        fast, slow = min(a for a, _ in pairs), min(b for _, b in pairs)
+        baseline = {"draw_ms": round(draw_avx2, 3), "step_ms": round(slow, 3), "avx512_step_ms": round(fast, 3),
+                    "step_ratio": round(round(slow, 3) / round(fast, 3), 2)}  # from the figures beside it
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -129,7 +167,14 @@ def measure(seeds: int, steps: int, compile: str = "auto") -> dict:
         # from the rounded figures written beside it, so a reader can recompute it
         "ceiling_seed_steps_per_s": round(seeds / ((round(draw, 3) + round(evaluation, 3)) / 1e3)),
         "ops": shares,
+        "instruction_set": rng.ISA_NAMES[min(levels)] if min(levels) else "none (torch ops)",
+        "avx2_baseline": baseline,
     }
+
+
+def _avx2_only_block(trainer: Trainer) -> float:
+    with _avx2_only():
+        return _block_ms(trainer)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -153,6 +198,10 @@ def main(argv: list[str] | None = None) -> dict:
           f"evaluation free: {figures['ceiling_seed_steps_per_s']:,}")
     for name, share in figures["ops"].items():
         print(f"    {share:6.1%}  {name[:70]}")
+    print(f"  native kernels: {figures['instruction_set']}")
+    if (base := figures["avx2_baseline"]) is not None:
+        print(f"  held to AVX2 (same bits, blocks alternated): draw {base['draw_ms']:.3f} ms, step "
+              f"{base['step_ms']:.3f} ms against {base['avx512_step_ms']:.3f} ms: AVX-512 {base['step_ratio']:.2f}x")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(figures, indent=1) + "\n")
     return figures

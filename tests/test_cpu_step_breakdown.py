@@ -28,3 +28,9 @@ def test_the_breakdown_runs_and_its_ceiling_is_the_draws():
     assert figures["ceiling_seed_steps_per_s"] == pytest.approx(ceiling, rel=0.01)
     assert figures["ceiling_seed_steps_per_s"] > figures["seed_steps_per_s"] > 0
     assert figures["ops"] and all(0 < share <= 1 for share in figures["ops"].values())
+    base = figures["avx2_baseline"]
+    if figures["instruction_set"] == "AVX-512":  # the AVX2 baseline, timed in the same run
+        assert base["draw_ms"] > 0 and base["step_ms"] > 0 and base["avx512_step_ms"] > 0
+        assert base["step_ratio"] == pytest.approx(base["step_ms"] / base["avx512_step_ms"], rel=0.01)
+    else:
+        assert base is None

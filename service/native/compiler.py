@@ -1,6 +1,6 @@
 """Small C kernels compiled once with the system C compiler and loaded through ctypes.
 
-`build(name, source)` compiles ``source`` (plain C; AVX2/FMA paths are selected at run
+`build(name, source)` compiles ``source`` (plain C; AVX2/FMA and AVX-512 paths are selected at run
 time with ``__attribute__((target(...)))``, never with ``-march=native``, so one cached
 library works on every x86-64 CPU) into ``<cache>/<name>-<hash>.so`` and loads it. The
 cache is a private directory (`cache_dir`: ``$NALU_SWEEP_CACHE`` or ``~/.cache/nalu-sweep``,
