@@ -160,8 +160,9 @@ def test_cpu_kernel_matches_torch_ops(n):
 @pytest.mark.parametrize("n", [1, 5, 31, 32, 33, 47, 48, 49, 95, 96, 97, 100, 12807])
 def test_every_instruction_set_gives_the_same_bits(n):
     """Portable C, AVX2 and AVX-512 (those this CPU has) draw the same numbers and sums, for
-    plain uniforms, one interval (the exact one-multiply path), a union of two, and rows whose
-    chunks start inside a Philox block (odd row lengths)."""
+    plain uniforms, one interval (the exact one-multiply path), a union of two, groups cut short
+    at every length around the vector forms' 32, 48 and 96 numbers, and rows longer than the
+    kernel's 2,048-number chunk (12,807: each row after the first starts inside a Philox block)."""
     if not rng.native_available():
         pytest.skip("no native kernel here")
     lib = rng._lib_state["lib"]
