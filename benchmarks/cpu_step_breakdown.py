@@ -14,12 +14,16 @@ page):
 * ``draw_and_first_layer_ms``: the step's one pass that draws the batch and applies the
   first layer (NAU) to it seed tile by seed tile (`service.units.sampled_linear`), timed
   the same way;
-* ``step_ms``: the whole training step (``Trainer.train_step``, as ``compile: auto`` trains a
-  30,000-step run: compiled), the fastest block of 50 of ``--steps`` steps (``step_ms_median``:
-  the median block, what a shared machine gave);
+* ``weight_gradient_ms``: the first layer's weight gradient over that batch (``linear_dw``);
+* ``step_ms``: the whole training step as the run trains it (``compile: auto``: the native
+  CPU step, `service.training.cpu_step`, one call per block), the fastest block of 50 of
+  ``--steps`` steps (``step_ms_median``: the median block, what a shared machine gave);
+  ``torch_eager_step_ms`` and ``torch_compiled_step_ms``: the same run's torch step, eager
+  (the same bits) and compiled (``compile: on``), timed in this run;
 * ``eval_ms_per_step``: one evaluation (both 10,000-sample sets) divided by 1,000 steps;
-* ``ops``: the step's self time per operation from torch's profiler (the native kernels are
-  ``nalu_sweep::*``; the rest is the compiled graph's own code and its dispatch);
+* ``ops``: for a torch step (``--compile on``), its self time per operation from torch's
+  profiler (the native kernels are ``nalu_sweep::*``; the rest is the compiled graph's own
+  code and its dispatch); none for the native step;
 * ``seed_steps_per_s`` now, and ``ceiling_seed_steps_per_s``: S / (draw + evaluation), what
   the step would reach if everything but the draw and the evaluation cost nothing;
 * ``instruction_set``: the native kernels' (`service.seeding.generator.ISA_NAMES`); on a CPU
@@ -107,65 +111,95 @@ def _avx2_only():
 
 
 def _block_ms(trainer: Trainer) -> float:
+    """Mean ms per step of `BLOCK` steps, trained as the run's loop trains them
+    (``train_steps``: one native call where the native CPU step trains the run)."""
     t = time.perf_counter()
-    for _ in range(BLOCK):
-        trainer.train_step()
+    trainer.train_steps(BLOCK)
     return (time.perf_counter() - t) / BLOCK * 1e3
 
 
-def measure(seeds: int, steps: int, compile: str = "auto") -> dict:
+def _blocks(trainer: Trainer, steps: int) -> list[float]:
+    return [_block_ms(trainer) for _ in range(max(1, steps // BLOCK))]
+
+
+@contextlib.contextmanager
+def _torch_step(trainer: Trainer):
+    """The same trainer on the torch step (eager, the native layers inside: the same bits)."""
+    native, trainer.cpu_steps = trainer.cpu_steps, None
+    try:
+        yield
+    finally:
+        trainer.cpu_steps = native
+
+
+def measure(seeds: int, steps: int, compile: str = "auto", compiled_baseline: bool = True) -> dict:
     torch.set_num_threads(1)
     trainer = Trainer(config(seeds, compile))
-    for _ in range(20):  # the first compiles
-        trainer.train_step()
+    trainer.train_steps(20)  # warm-up (the first step compiles where the run is compiled)
     keys, shape = trainer.data_keys, (128, trainer.task.input_size)
     runs = trainer.task.operand_runs() or ()
     buffers = trainer._batch_buffers(keys.shape[0], shape, len(runs))
     step = torch.tensor(7)
     intervals = trainer.task.interpolation.intervals
-    draw = min_ms(lambda: rng.sample(keys, step, shape, intervals, runs, out=buffers), max(50, steps))
-    first_pass = None
+    reps = max(50, steps)
+    draw = min_ms(lambda: rng.sample(keys, step, shape, intervals, runs, out=buffers), reps)
+    first_pass = weight_gradient = None
     if trainer.fuses_first_layer:  # the step's one pass: the draw and the first layer, seed tile by tile
         w = trainer.model.units[0].input_product_weight()
         with torch.no_grad():
             first_pass = min_ms(lambda: sampled_linear.sample_linear(keys, step, shape, intervals, runs, w,
-                                                                     out=buffers), max(50, steps))
+                                                                     out=buffers), reps)
+            gz = torch.randn(seeds, shape[0], w.shape[1])
+            weight_gradient = min_ms(lambda: kernels.weight_gradient(gz, buffers[0]), reps)
     # mean step time of blocks of BLOCK steps: the fastest block is the code's cost, the
     # median what a shared machine gave
-    blocks = [_block_ms(trainer) for _ in range(max(1, steps // BLOCK))]
+    blocks = _blocks(trainer, steps)
     step_ms, median_ms = min(blocks), statistics.median(blocks)
     evaluation = min_ms(trainer.evaluate, 3) / EVAL_EVERY
+    native = trainer.cpu_steps is not None
+    baselines = {}
+    if native:  # the torch step of the same run, in this run: eager, and compiled (the step before)
+        with _torch_step(trainer):
+            baselines["torch_eager_step_ms"] = round(min(_blocks(trainer, min(steps, 4 * BLOCK))), 3)
+        if compiled_baseline:
+            other = Trainer(config(seeds, "on"))
+            other.train_steps(20)
+            baselines["torch_compiled_step_ms"] = round(min(_blocks(other, steps)), 3)
     levels = _levels()
     baseline = None
     if min(levels) >= 2:  # AVX-512 against AVX2 in this run: blocks alternated, fastest of each
         pairs = [(_block_ms(trainer), _avx2_only_block(trainer)) for _ in range(max(1, steps // BLOCK))]
         with _avx2_only():
-            draw_avx2 = min_ms(lambda: rng.sample(keys, step, shape, intervals, runs, out=buffers), max(50, steps))
+            draw_avx2 = min_ms(lambda: rng.sample(keys, step, shape, intervals, runs, out=buffers), reps)
         fast, slow = min(a for a, _ in pairs), min(b for _, b in pairs)
         baseline = {"draw_ms": round(draw_avx2, 3), "step_ms": round(slow, 3), "avx512_step_ms": round(fast, 3),
                     "step_ratio": round(round(slow, 3) / round(fast, 3), 2)}  # from the figures beside it
 
-    from torch.profiler import ProfilerActivity, profile
+    shares = None
+    if not native:  # the torch step's own operations, from torch's profiler
+        from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(min(steps, 200)):
-            trainer.train_step()
-    total = sum(e.self_cpu_time_total for e in prof.key_averages())
-    ops = sorted(((e.key, e.self_cpu_time_total) for e in prof.key_averages()), key=lambda kv: -kv[1])
-    shares = {_readable(name): round(us / total, 3) for name, us in ops[:8] if total}
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(min(steps, 200)):
+                trainer.train_step()
+        total = sum(e.self_cpu_time_total for e in prof.key_averages())
+        ops = sorted(((e.key, e.self_cpu_time_total) for e in prof.key_averages()), key=lambda kv: -kv[1])
+        shares = {_readable(name): round(us / total, 3) for name, us in ops[:8] if total}
     return {
         "command": f"taskset -c 1 python benchmarks/cpu_step_breakdown.py --seeds {seeds}"
                    + (f" --compile {compile}" if compile != "auto" else ""),
         "machine": f"{platform.machine()}, {cpu_model()}, torch {torch.__version__}, 1 thread",
-        "seeds": seeds, "compiled": trainer.compiled,
+        "seeds": seeds, "compiled": trainer.compiled, "native_step": native,
         "draw_ms": round(draw, 3),
         "draw_and_first_layer_ms": round(first_pass, 3) if first_pass is not None else None,
+        "weight_gradient_ms": round(weight_gradient, 3) if weight_gradient is not None else None,
         "step_ms": round(step_ms, 3), "step_ms_median": round(median_ms, 3),
         "eval_ms_per_step": round(evaluation, 3),
         "draw_share_of_step": round(draw / step_ms, 2),
-        "seed_steps_per_s": round(seeds / ((step_ms + evaluation) / 1e3)),
-        # from the rounded figures written beside it, so a reader can recompute it
+        # both from the rounded figures written beside them, so a reader can recompute them
+        "seed_steps_per_s": round(seeds / ((round(step_ms, 3) + round(evaluation, 3)) / 1e3)),
         "ceiling_seed_steps_per_s": round(seeds / ((round(draw, 3) + round(evaluation, 3)) / 1e3)),
+        **baselines,
         "ops": shares,
         "instruction_set": rng.ISA_NAMES[min(levels)] if min(levels) else "none (torch ops)",
         "avx2_baseline": baseline,
@@ -182,21 +216,30 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seeds", type=int, default=100)
     parser.add_argument("--steps", type=int, default=400, help="training steps timed (after 20 warm-up steps)")
     parser.add_argument("--compile", choices=["auto", "on", "off"], default="auto",
-                        help="the run's compile setting (auto: compiled, as a 30,000-step run trains)")
+                        help="the run's compile setting (auto, as the run trains: the native CPU step; on: "
+                             "the compiled torch step)")
+    parser.add_argument("--compiled-baseline", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the compiled torch step of the same run (compiles it: ~10 s)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the figures")
     args = parser.parse_args(argv)
     if args.seeds < 1 or args.steps < 1:
         parser.error("--seeds and --steps must be at least 1")
-    figures = measure(args.seeds, args.steps, args.compile)
-    print(f"S = {figures['seeds']}, one thread ({figures['machine']}), compiled: {figures['compiled']}")
+    figures = measure(args.seeds, args.steps, args.compile, args.compiled_baseline)
+    print(f"S = {figures['seeds']}, one thread ({figures['machine']}), native step: {figures['native_step']}, "
+          f"compiled: {figures['compiled']}")
     print(f"  data draw alone      {figures['draw_ms']:8.3f} ms  ({figures['draw_share_of_step']:.0%} of the step)")
     if figures["draw_and_first_layer_ms"] is not None:
         print(f"  draw + first layer   {figures['draw_and_first_layer_ms']:8.3f} ms  (the step's one pass)")
+        print(f"  its weight gradient  {figures['weight_gradient_ms']:8.3f} ms")
     print(f"  whole training step  {figures['step_ms']:8.3f} ms  (median block {figures['step_ms_median']:.3f} ms)")
+    for key, what in (("torch_eager_step_ms", "the torch step, eager"),
+                      ("torch_compiled_step_ms", "the torch step, compiled")):
+        if key in figures:
+            print(f"  {what:<21} {figures[key]:7.3f} ms  ({figures[key] / figures['step_ms']:.2f}x the step)")
     print(f"  evaluation, per step {figures['eval_ms_per_step']:8.3f} ms")
     print(f"  seed·steps/s now {figures['seed_steps_per_s']:,}; with everything but the draw and the "
           f"evaluation free: {figures['ceiling_seed_steps_per_s']:,}")
-    for name, share in figures["ops"].items():
+    for name, share in (figures["ops"] or {}).items():
         print(f"    {share:6.1%}  {name[:70]}")
     print(f"  native kernels: {figures['instruction_set']}")
     if (base := figures["avx2_baseline"]) is not None:

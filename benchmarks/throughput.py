@@ -116,7 +116,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=5.0, help="timed seconds per measurement")
     p.add_argument("--seeds", default="1,10,100,1000")
     p.add_argument("--threads", default="1,2")
-    p.add_argument("--compile", default="on", choices=["on", "off"])
+    p.add_argument("--compile", default="auto", choices=["auto", "on", "off"],
+                   help="the trainer's compile setting (auto, the default, trains a run the native CPU step covers natively)")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--cuda-graphs", default="on", choices=["on", "off"],
                    help="on a GPU: replay 50 compiled steps as one captured CUDA graph")

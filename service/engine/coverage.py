@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from service.config import RunConfig
 
+from service.training.protocol import protocol_gap
+
 OPERATION_CODES = {"add": 0, "sub": 1, "mul": 2, "div": 3, "squared": 4, "root": 5}
 """The engine's code of each arithmetic operation; `PER_SEED_OP` when a pack mixes them."""
 PER_SEED_OP = 6
@@ -35,7 +37,7 @@ TASKS = ("arithmetic", "small_mul")
 def engine_gap(config: RunConfig) -> str | None:
     """None when the engine covers ``config``; otherwise the first reason it does not, as a
     short phrase ("the unit nalu", "clip mode norm")."""
-    task, t = config.task, config.train
+    task = config.task
     if task.kind not in TASKS:
         return f"the task {task.kind}"
     if len(task.interpolation.intervals) != 1:
@@ -47,24 +49,7 @@ def engine_gap(config: RunConfig) -> str | None:
         return f"the unit {layers[0].unit} as first layer"
     if layers[1].unit not in SECOND_LAYER:
         return f"the unit {layers[1].unit} as second layer"
-    checks = [
-        (t.optimizer.name != "adam", f"the optimiser {t.optimizer.name}"),
-        (t.optimizer.lr_schedule != "constant", f"the learning-rate schedule {t.optimizer.lr_schedule}"),
-        (t.loss != "mse", f"the loss {t.loss}"),
-        (t.clip.mode != "none", f"clip mode {t.clip.mode}"),
-        (t.reinit.enabled, "re-initialisation"),
-        (t.shared_batch, "a shared batch"),
-        (config.dtype != "float32", f"dtype {config.dtype}"),
-    ]
-    for failing, reason in checks:
-        if failing:
-            return reason
-    schedule = config.regularizer()
-    if schedule.shape not in ("linear", "constant"):
-        return f"the {schedule.shape} regulariser schedule"
-    if schedule.oob > 0:
-        return "the out-of-bounds penalty"
-    return None
+    return protocol_gap(config)
 
 
 def pack_gap(members: "tuple[RunConfig, ...] | list[RunConfig]") -> str | None:

@@ -70,9 +70,10 @@ static void fwd_avx2(float *z, const float *x, const float *w, int64_t S, int64_
                     ACC4(c0, c1, LOADM)
                 }
                 float *zb = zs + b * O + o0;
-                if (shared) {
+                if (shared || two) {
                     /* horizontal adds transpose-reduce the 8 accumulators into
-                       [z(b, o0), z(b, o0 + 1), z(b + 1, o0), ..., z(b + 3, o0 + 1)] */
+                       [z(b, o0), z(b, o0 + 1), z(b + 1, o0), ..., z(b + 3, o0 + 1)]: each one
+                       the same tree as hsum8's, a quarter of the instructions */
                     const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a00, a01), _mm256_hadd_ps(a10, a11));
                     const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a20, a21), _mm256_hadd_ps(a30, a31));
                     float t[8];
@@ -82,9 +83,6 @@ static void fwd_avx2(float *z, const float *x, const float *w, int64_t S, int64_
                     continue;
                 }
                 zb[0] = hsum8(a00); zb[O] = hsum8(a10); zb[2 * O] = hsum8(a20); zb[3 * O] = hsum8(a30);
-                if (two) {
-                    zb[1] = hsum8(a01); zb[O + 1] = hsum8(a11); zb[2 * O + 1] = hsum8(a21); zb[3 * O + 1] = hsum8(a31);
-                }
             }
             for (; b < B; b++) {
                 const float *r0 = xsd + b * xr;

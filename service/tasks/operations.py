@@ -26,8 +26,8 @@ def apply_binary(operation: str, a: torch.Tensor, b: torch.Tensor) -> torch.Tens
         return a / b
     if operation == "squared":
         return a * a
-    if operation == "root":
-        return a.sqrt()
+    if operation == "root":  # the correctly rounded root (a CPU's float32 sqrt is MKL's, not always)
+        return a.double().sqrt().to(a.dtype)
     raise ValueError(f"unknown operation {operation!r}; valid operations: {', '.join(OPERATIONS)}")
 
 

@@ -23,11 +23,13 @@ def resolve_device(name: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device(name)
 
 
-def compile_pays_off(device: torch.device, steps: int, recurrent: bool = False) -> bool:
+def compile_pays_off(device: torch.device, steps: int, recurrent: bool = False, native_step: bool = False) -> bool:
     """``compile: auto``'s decision: always on a GPU; on a CPU for runs of at least
     `CPU_COMPILE_FROM_STEPS` steps, never for a recurrent task (its eager step is a few
-    small operations per position). Nothing else enters it (not the seeds, not packing)."""
-    return device.type == "cuda" or (not recurrent and steps >= CPU_COMPILE_FROM_STEPS)
+    small operations per position) nor for a run the native CPU step covers
+    (``native_step``: `service.training.cpu_step.covers`; it trains the eager step's bits,
+    with or without its kernels). Nothing else enters it (not the seeds, not packing)."""
+    return device.type == "cuda" or (not recurrent and not native_step and steps >= CPU_COMPILE_FROM_STEPS)
 
 
 def compile_mode(config: RunConfig) -> str:
@@ -35,5 +37,9 @@ def compile_mode(config: RunConfig) -> str:
     fallback to eager when compiling fails; `RunResult.compiled` records the outcome)."""
     if config.compile != "auto":
         return "compiled" if config.compile == "on" else "eager"
+    from service.training import cpu_step  # its kernels' modules import this one's package
+
     recurrent = getattr(config.task, "recurrent", False)
-    return "compiled" if compile_pays_off(resolve_device(config.device), config.train.steps, recurrent) else "eager"
+    device = resolve_device(config.device)
+    native_step = cpu_step.covers(config, device)
+    return "compiled" if compile_pays_off(device, config.train.steps, recurrent, native_step) else "eager"

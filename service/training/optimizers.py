@@ -132,9 +132,12 @@ class BatchedOptimizer:
         self.steps += 1
         grads = list(grads)
         if c.name == "adam":
-            # per parameter, as torch.optim.Adam: m ← lerp(m, g, 1 − β1);
-            # v ← β2 v + (1 − β2) g²; p ← p − (lr / bc1) m / (√v / √bc2 + ε), with per-seed
-            # bias corrections bc1 = 1 − β1^t, bc2 = 1 − β2^t computed in float64.
+            # per parameter, torch.optim.Adam's update: m ← m + (1 − β1)(g − m) (its lerp,
+            # unfused: eager torch fuses lerp's multiply and add, compiled code does not);
+            # v ← β2 v + ((1 − β2) g) g; p ← p − (lr / bc1) m / (√v / √bc2 + ε), with per-seed
+            # bias corrections bc1 = 1 − β1^t, bc2 = 1 − β2^t computed in float64. Every
+            # operation one correctly rounded IEEE operation, so the eager step and the native
+            # CPU step (`service.training.cpu_step`) give the same bits.
             self.powers.mul_(self._betas)
             index = torch.minimum(self.steps, self._last)
             looked_up = self._bias_table[self._group, :, index].T  # [2, S] float64
@@ -149,10 +152,17 @@ class BatchedOptimizer:
             vs = [st[1] for st in self.state]
             per = functools.partial(self._rows, self.params)
             one_minus_b1, b2, one_minus_b2, eps = self._adam_rows
-            torch._foreach_lerp_(ms, grads, one_minus_b1)
+            delta = torch._foreach_sub(grads, ms)
+            torch._foreach_mul_(delta, one_minus_b1)
+            torch._foreach_add_(ms, delta)
             torch._foreach_mul_(vs, b2)
-            torch._foreach_addcmul_(vs, torch._foreach_mul(grads, one_minus_b2), grads)
-            denom = torch._foreach_sqrt(vs)
+            sq = torch._foreach_mul(grads, one_minus_b2)
+            torch._foreach_mul_(sq, grads)
+            torch._foreach_add_(vs, sq)
+            # √v in float64, rounded once: torch's float32 sqrt on a CPU is MKL's, which is
+            # not always the correctly rounded root (one in five on AMD's Zen 4)
+            roots = torch._foreach_sqrt([v.to(torch.float64) for v in vs])
+            denom = [r.to(v.dtype) for r, v in zip(roots, vs)]
             torch._foreach_div_(denom, per(bc2_sqrt))
             torch._foreach_add_(denom, eps)
             step = torch._foreach_mul(ms, per(step_size))

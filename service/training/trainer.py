@@ -7,7 +7,9 @@ runs per seed per step. The host only synchronises at evaluation steps. At evalu
 run can hand out a `TrainerCheckpoint` and continue from one bit for bit
 (`service.training.checkpoint`).
 
-Speed (CPU, one thread, 100 seeds, NAU → NMU on the 100-input task): the batch, its
+Speed (CPU, one thread, 100 seeds, NAU → NMU on the 100-input task): a run the native
+CPU step covers trains in it (`service.training.cpu_step`: every step to the next
+evaluation in one C call, seed by seed, with this step's eager bits); otherwise the batch, its
 interpolation-range map and the target's operand sums come from one native pass
 (`service.seeding.generator.sample`), which also applies a plain first layer (NAU,
 linear) seed tile by seed tile while the tile's batch is in cache
@@ -29,9 +31,11 @@ from torch import Tensor
 
 from service import native
 from service.config import RunConfig
+from service.native.ordered import lane_sum
 from service.pack_structure import check_pack, packable
 from service.scoring.metrics import aggregate, per_seed_metrics
 from service.seeding import InitStream, stream_keys
+from service.training import cpu_step
 from service.training.batches import TrainingBatches
 from service.training.checkpoint import (
     TrainerCheckpoint,
@@ -166,11 +170,15 @@ class Trainer(TrainingBatches, Evaluation, CapturedSteps):
         self.graphed = use_compile and self.device.type == "cuda" and config.cuda_graphs
         self._graph: "torch.cuda.CUDAGraph | None" = None
         self.engine = None  # `service.engine.attach`: the device engine trains and evaluates instead
+        # the native CPU step trains the steps of a run it covers (the eager step's bits)
+        self.cpu_steps = cpu_step.CpuSteps.attach(self) if not use_compile else None
 
     def _compile_pays_off(self) -> bool:
         """Whether ``compile="auto"`` compiles: from the device and the run's length only
-        (`compile_pays_off`), never from the number of seeds or the pack."""
-        return compile_pays_off(self.device, self.config.train.steps)
+        (`compile_pays_off`) and whether the native CPU step covers it, never from the number
+        of seeds or the pack."""
+        return compile_pays_off(self.device, self.config.train.steps,
+                                native_step=cpu_step.covers(self.config, self.device))
 
     def _stream_keys(self, stream: str) -> Tensor:  # [S, 3]: each member's seeds, its master seed
         return torch.cat([stream_keys(m.master_seed, stream, m.seed_ids) for m in self.settings.members]).to(self.device)
@@ -193,7 +201,7 @@ class Trainer(TrainingBatches, Evaluation, CapturedSteps):
             x, target = self._batch(step)
             y = self.model(x, ctx)
         if self.config.train.loss == "mse":
-            task_loss = (y - target).square().mean((1, 2))
+            task_loss = lane_sum((y - target).square().flatten(1)) / (y.shape[1] * y.shape[2])
         else:
             task_loss = torch.nn.functional.smooth_l1_loss(y, target, reduction="none").mean((1, 2))
         total = task_loss + self.schedule.value(step, self.dtype) * self.model.regularizer()
@@ -233,6 +241,10 @@ class Trainer(TrainingBatches, Evaluation, CapturedSteps):
 
     def train_step(self) -> None:
         self.step_t.fill_(self.step)
+        if self.cpu_steps is not None:
+            self.cpu_steps.train(self.step, 1)
+            self.step += 1
+            return
         if self._compile_pending and self.config.compile == "auto":
             try:  # the first call compiles; "auto" falls back to eager if that cannot be done
                 self._step(self.step_t)
@@ -253,6 +265,11 @@ class Trainer(TrainingBatches, Evaluation, CapturedSteps):
             self.step = self.engine.train(n, self.step)
             return
         end = self.step + n
+        if self.cpu_steps is not None and n > 0:  # as n calls of `train_step`, in one native call
+            self.cpu_steps.train(self.step, n)
+            self.step_t.fill_(end - 1)
+            self.step = end
+            return
         if self.graphed and n >= GRAPH_STEPS and self._graph is None:
             self._warm_up_and_capture(end)
         if self._graph is not None:

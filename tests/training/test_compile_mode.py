@@ -37,14 +37,18 @@ def test_auto_decides_from_device_and_length_not_from_seeds():
     # 25,000 steps (the issue's run) and the shortest run the old rule compiled for 64
     # seeds but not for one: each seed count gets the same mode now
     shortest = next(n for n in range(20_000, 40_000) if _old_rule(n, 64) and not _old_rule(n, 1))
+    # (the issue's run itself, NAU -> NMU with Adam, is the native CPU step's: never compiled
+    # at any length; with gradient clipping it is not, and compiles from 20,000 steps)
     for steps in (1_000, shortest, 25_000, 40_000):
-        modes = set()
-        for seeds, offset in ((1, 7), (64, 0)):
-            config = _issue_config(steps, seeds, offset, device="cpu")
-            trainer = Trainer(config)  # construction only: compiling happens at the first step
-            assert compile_mode(config) == ("compiled" if trainer.compiled else "eager")
-            modes.add(trainer.compiled)
-        assert modes == {steps >= CPU_COMPILE_FROM_STEPS}, steps
+        for clip, compiles in (({}, False), ({"clip": {"mode": "norm"}}, steps >= CPU_COMPILE_FROM_STEPS)):
+            modes = set()
+            for seeds, offset in ((1, 7), (64, 0)):
+                config = _issue_config(steps, seeds, offset, device="cpu")
+                config = RunConfig.model_validate({**config.model_dump(), "train": {**config.train.model_dump(), **clip}})
+                trainer = Trainer(config)  # construction only: compiling happens at the first step
+                assert compile_mode(config) == ("compiled" if trainer.compiled else "eager")
+                modes.add(trainer.compiled)
+            assert modes == {compiles}, (steps, clip)
 
 
 def test_explicit_modes_and_recurrent_tasks():
