@@ -119,9 +119,9 @@ class HelperClient:
             raise TrackingCallError(*value)
         return value
 
-    def find_or_create_run(self, *args: Any) -> tuple[str, int | None, int | None]:
-        run_id, last, attempts = self.call("find_or_create_run", *args)
-        return run_id, last, attempts
+    def find_or_create_run(self, *args: Any) -> tuple[str, int | None, int | None, dict[str, str]]:
+        run_id, last, attempts, unlogged = self.call("find_or_create_run", *args)
+        return run_id, last, attempts, dict(unlogged)
 
     def send_write(self, *args: Any) -> None:
         self.call("send_write", *args)

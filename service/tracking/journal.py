@@ -108,8 +108,8 @@ class Outbox:
         self.client = client
         self.run_id = run_id
         self.directory = (root or spool_root()) / run_id
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.journal = self.directory / JOURNAL
+        _make_run_directory(self.directory, self.journal)
         if tracking_uri:
             (self.directory / META).write_text(json.dumps({"run_id": run_id, "tracking_uri": tracking_uri}))
         max_backoff = float(os.environ.get(BACKOFF_MAX_ENV, "15"))
@@ -327,16 +327,46 @@ class Outbox:
         return drained
 
 
+def _make_run_directory(directory: Path, journal: Path, tries: int = 100) -> None:
+    """Create ``directory`` holding ``journal`` (empty if new). Another process's
+    `remove_empty` may delete the folder between its ``mkdir`` and the journal's creation
+    (it is empty then): made again until the journal is in it, which no `remove_empty`
+    deletes."""
+    for _ in range(tries):
+        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            journal.open("a", encoding="utf-8").close()
+            return
+        except FileNotFoundError:
+            continue
+    raise OSError(f"could not create the tracking journal {journal}: its folder keeps being removed")
+
+
 def remove_empty(root: Path) -> None:
     """Delete the run folders under the spool ``root`` that hold no file (left by a trial
-    stopped while it closed its spool, e.g. a pruned one)."""
+    stopped while it closed its spool, e.g. a pruned one). Safe beside other processes
+    that create, fill or delete run folders at the same time: a folder is removed only
+    while empty (``rmdir``, innermost first), one that vanishes or fills meanwhile is
+    left to them."""
     try:
         children = list(root.iterdir())
     except OSError:
         return
     for child in children:
-        if child.is_dir() and not any(p.is_file() for p in child.rglob("*")):
-            shutil.rmtree(child, ignore_errors=True)
+        remove_if_empty(child)
+
+
+def remove_if_empty(folder: Path) -> None:
+    """Remove ``folder`` if no file is under it (its empty sub-folders with it); nothing
+    if it holds a file, is not a folder, or is gone."""
+    walk = list(os.walk(folder, topdown=False))  # innermost first; a folder gone meanwhile is skipped
+    if not walk or any(files for _, _, files in walk):
+        return
+    for path, _, _ in walk:
+        try:
+            os.rmdir(path)
+        except OSError:
+            return  # a file arrived, or another process removed it: theirs now
 
 
 def short_error(e: BaseException) -> str:

@@ -176,10 +176,15 @@ def log_params(client: Any, run_id: str, params: dict[str, Any]) -> None:
 
 # -- a child (trial) run: opened, fed and closed inside the trial --------------------------------------
 def find_or_create_run(client: Any, experiment_id: str, parent_run_id: str, trial_key: str, run_name: str,
-                       tags: dict[str, str]) -> tuple[str, int | None, int | None]:
-    """A trial's child run: (run id, last logged step, attempt) of the run found by its
-    trial key, set running again; else a new run's id, None, None. Looked up again on every
-    try, so a create whose answer was lost is found instead of created twice."""
+                       tags: dict[str, str], params: dict[str, str] | None = None,
+                       ) -> tuple[str, int | None, int | None, dict[str, str]]:
+    """A trial's child run: (run id, last logged step, attempt, the ``params`` it lacks) of
+    the run found by its trial key, set running again; else a new run's id, None, None and
+    every param. Looked up again on every try, so a create whose answer was lost is found
+    instead of created twice. A found run may lack params: an attempt killed between its
+    create and its first write (a driver killed then takes the answer with it) left none;
+    the caller logs them, and a param the run holds keeps its value."""
+    params = dict(params or {})
     existing = all_runs(client, [experiment_id],
                         f"tags.`{TAG_PARENT}` = {quote(parent_run_id)} AND tags.`{TAG_TRIAL_KEY}` = {quote(trial_key)}")
     if existing:
@@ -187,11 +192,12 @@ def find_or_create_run(client: Any, experiment_id: str, parent_run_id: str, tria
         history = client.get_metric_history(run.info.run_id, "objective")
         last = max((m.step for m in history), default=None)
         client.update_run(run.info.run_id, status="RUNNING")
-        return run.info.run_id, last, int(run.data.tags.get(TAG_ATTEMPTS, "1")) + 1
+        missing = {k: v for k, v in params.items() if k not in run.data.params}
+        return run.info.run_id, last, int(run.data.tags.get(TAG_ATTEMPTS, "1")) + 1, missing
     all_tags = {TAG_PARENT: parent_run_id, TAG_ROLE: "trial", TAG_TRIAL_KEY: trial_key,
                 TAG_ATTEMPTS: "1", TAG_OUTCOME: Outcome.RUNNING, **tags}
     run = client.create_run(experiment_id, tags=all_tags, run_name=run_name)
-    return run.info.run_id, None, None
+    return run.info.run_id, None, None, params
 
 
 def run_metrics(client: Any, run_id: str) -> dict[str, float]:
@@ -237,17 +243,18 @@ class TrialRun:
         store.tolerate_outages()
         client = client if client is not None else store.client(tracking_uri)
         patience = patience_s()
-        args = (experiment_id, parent_run_id, trial_key, run_name, tags or {})
+        logged = {str(k): str(v)[:MAX_PARAM_LENGTH] for k, v in params.items()}
+        args = (experiment_id, parent_run_id, trial_key, run_name, tags or {}, logged)
         if isinstance(client, HelperClient):
-            run_id, last, attempts = retry(lambda: client.find_or_create_run(*args), patience_s=patience)
+            run_id, last, attempts, unlogged = retry(lambda: client.find_or_create_run(*args), patience_s=patience)
         else:
-            run_id, last, attempts = retry(lambda: find_or_create_run(client, *args), patience_s=patience)
+            run_id, last, attempts, unlogged = retry(lambda: find_or_create_run(client, *args), patience_s=patience)
         trial = cls(client, run_id, last, tracking_uri)
         if attempts is not None:
             # the caller's tags describe this attempt (a retry may run on another node)
             trial.outbox.set_tags({**(tags or {}), TAG_ATTEMPTS: str(attempts), TAG_OUTCOME: Outcome.RUNNING})
-        else:
-            trial.outbox.log_params({str(k): str(v)[:MAX_PARAM_LENGTH] for k, v in params.items()})
+        if unlogged:  # a new run's params, or those an earlier attempt was killed before it logged
+            trial.outbox.log_params(unlogged)
         return trial
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:

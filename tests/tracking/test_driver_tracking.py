@@ -44,7 +44,7 @@ def test_calls_wait_for_the_drivers_client_and_fall_back_to_a_helper_once_it_sto
             assert worker._connection is not None and worker._proc is None
             threading.Timer(1.0, served.use, args=(client,)).start()
             started = time.monotonic()
-            run_id, _, _ = worker.find_or_create_run(experiment_id, parent, "k-wait", "waited", {})
+            run_id, _, _, _ = worker.find_or_create_run(experiment_id, parent, "k-wait", "waited", {})
             assert time.monotonic() - started >= 0.9  # answered once the driver had its client
             assert client.get_run(run_id).info.run_name == "waited"
         finally:

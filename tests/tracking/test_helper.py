@@ -74,7 +74,7 @@ def test_a_helper_that_died_is_a_transient_error_and_the_next_call_starts_anothe
         first = helper._proc
         first.kill()
         first.wait()
-        run_id, last, attempts = helper.find_or_create_run(experiment_id, parent, "dead", "trial-dead", {})
+        run_id, last, attempts, _ = helper.find_or_create_run(experiment_id, parent, "dead", "trial-dead", {})
         assert helper._proc is not first and helper._proc.poll() is None  # a new helper answered
         assert (last, attempts) == (None, None) and client.get_run(run_id).data.tags[store.TAG_TRIAL_KEY] == "dead"
         second = helper._proc

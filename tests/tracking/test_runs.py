@@ -82,6 +82,23 @@ def test_a_retried_trial_reuses_its_run_and_skips_steps_already_logged(tracking)
     assert [m.step for m in client.get_metric_history(run.info.run_id, "objective")] == [0, 100, 200, 300]
 
 
+def test_a_run_created_by_an_attempt_killed_before_its_first_write_gets_its_params_when_reopened(tracking):
+    """A driver killed right after it created a worker's run (the answer never reached the
+    worker) leaves the run without params; the resumed trial's reopen logs them, and a
+    param the run holds keeps its value."""
+    uri, client, _ = tracking
+    experiment_id, parent = _sweep(tracking, "created-then-killed")
+    run_id, last, attempts, unlogged = runs.find_or_create_run(client, experiment_id, parent, "k", "trial-k", {},
+                                                               {"lr": "0.1", "seeds": "4"})
+    assert (last, attempts, unlogged) == (None, None, {"lr": "0.1", "seeds": "4"})  # nothing logged: killed
+    client.log_param(run_id, "seeds", "4")  # one had arrived
+
+    again = runs.TrialRun.open(uri, experiment_id, parent, "k", "trial-k", {"lr": 0.1, "seeds": 4})
+    assert again.run_id == run_id
+    again.close("completed")
+    assert client.get_run(run_id).data.params == {"lr": "0.1", "seeds": "4"}
+
+
 def test_runs_left_running_by_a_crash_are_closed(tracking):
     uri, client, _ = tracking
     experiment_id, parent = _sweep(tracking, "crash")

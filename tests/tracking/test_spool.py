@@ -235,3 +235,45 @@ def test_no_empty_spool_folder_is_left_behind(tracking, tmp_path):
     outbox.set_tags({"phase": "pruned"})
     assert outbox.close(timeout_s=60)
     assert sorted(p.name for p in root.iterdir()) == ["kept-run"]
+
+
+def _outbox_lifecycles(root: str, n: int) -> None:
+    """What the trials of one machine do to the spool, ``n`` times: a run's folder made
+    with its journal (`Outbox`), its meta and an artifact copied in, then deleted (`close`)."""
+    import shutil
+    from pathlib import Path
+
+    from service.tracking import journal
+
+    figures = Path(root).parent / "figures"
+    (figures / "plots").mkdir(parents=True)
+    (figures / "plots" / "a.png").write_bytes(b"png")
+    for i in range(n):
+        directory = Path(root) / f"run-{i % 5}"
+        journal._make_run_directory(directory, directory / spool.JOURNAL)
+        (directory / spool.META).write_text("{}")
+        shutil.copytree(figures, directory / "artifacts" / str(i))
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_cleaning_the_spool_is_safe_beside_processes_that_fill_and_empty_it(tmp_path):
+    """The sweep's driver cleans the spool (`remove_empty`, when its own outbox closes)
+    while trial workers make and delete their runs' folders: neither side sees a folder
+    vanish under it (a FileNotFoundError ended a sweep that had finished every trial)."""
+    import multiprocessing
+
+    root = tmp_path / "spool"
+    root.mkdir()
+    (root / "kept-run").mkdir()
+    (root / "kept-run" / spool.JOURNAL).write_text("{}\n")
+    worker = multiprocessing.get_context("spawn").Process(target=_outbox_lifecycles, args=(str(root), 3000))
+    worker.start()
+    cleanings = 0
+    while worker.is_alive() or cleanings == 0:
+        spool.remove_empty(root)
+        cleanings += 1
+    worker.join()
+    assert worker.exitcode == 0
+    spool.remove_empty(root)
+    assert sorted(p.name for p in root.iterdir()) == ["kept-run"]
+    spool.remove_empty(tmp_path / "gone")  # a spool that does not exist: nothing to do
