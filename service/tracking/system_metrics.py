@@ -83,4 +83,7 @@ def system_metrics(run_id: str, tracking_uri: str, interval_s: float = 10.0) -> 
             except Exception:  # noqa: BLE001
                 pass
         if outbox is not None:
-            outbox.close()
+            try:
+                outbox.close()
+            except OSError as e:  # the spool's disk, say: the samples are optional, the sweep is not
+                logging.getLogger("nalu_sweep.tracking").warning("system metrics of run %s: %s", run_id, e)
